@@ -1,0 +1,9 @@
+"""specdec_core: lossless speculative decoding for Hugging Face causal LMs."""
+from .config import SpecConfig
+from .engine import autoregressive_generate, generate, make_drafter, speculative_generate
+from .events import Result, RoundEvent, Stats, summarize
+from .models import Pair, load_pair
+from .verify import verify
+
+__all__ = ["SpecConfig", "Pair", "Result", "RoundEvent", "Stats", "load_pair", "generate", "speculative_generate",
+           "autoregressive_generate", "make_drafter", "summarize", "verify"]

@@ -1,0 +1,57 @@
+"""Generation settings: one dataclass, validated in one place."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+# Caps shared by the engine, the app and the API. They bound the work one request can ask for.
+MAX_K = 16
+MAX_NEW_TOKENS = 1024
+MAX_TEMPERATURE = 2.0
+GREEDY_BELOW = 1e-4  # temperatures below this are treated as 0 (greedy): softmax(l / 1e-9) is one-hot anyway
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    k: int = 4  # draft tokens proposed per round (1..MAX_K)
+    temperature: float = 0.0  # 0 = greedy; applied identically to draft and target
+    top_k: int = 0  # keep only the k most likely tokens; 0 = off
+    top_p: float = 1.0  # nucleus sampling mass in (0, 1]; 1 = off
+    max_new_tokens: int = 128  # hard cap on generated tokens (1..MAX_NEW_TOKENS)
+    seed: int = 0  # seeds the explicit torch.Generator: same seed, same output
+    chat: bool = True  # wrap the prompt in the tokenizer's chat template when it has one
+    adaptive: bool = False  # grow K after a fully accepted round, shrink it after a rejection
+    record_top: int = 5  # top-n probabilities kept per position in events (for the inspector); 0 = none
+
+    def __post_init__(self):
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.type in ("int", "bool"):
+                if isinstance(v, float) and v.is_integer():
+                    object.__setattr__(self, f.name, int(v))
+                elif not isinstance(v, int):
+                    raise ValueError(f"{f.name} must be an integer, got {v!r}")
+            elif f.type == "float":
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                    raise ValueError(f"{f.name} must be a finite number, got {v!r}")
+                object.__setattr__(self, f.name, float(v))
+        if not 1 <= self.k <= MAX_K:
+            raise ValueError(f"k (draft length) must be between 1 and {MAX_K}, got {self.k}")
+        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise ValueError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got {self.max_new_tokens}")
+        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be between 0 and {MAX_TEMPERATURE}, got {self.temperature}")
+        if self.temperature < GREEDY_BELOW:
+            object.__setattr__(self, "temperature", 0.0)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be 0 (off) or positive, got {self.top_k}")
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be between 0 and 2**63-1, got {self.seed}")
+        if self.record_top < 0:
+            raise ValueError(f"record_top must be >= 0, got {self.record_top}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -1,0 +1,139 @@
+"""Drafters: anything that proposes the next k tokens. The target verifies all of them, so a
+drafter only changes speed (how many are accepted), never the output distribution.
+
+Interface (three methods):
+  start(ids)                      prefill with the prompt
+  propose(ids, k, cfg, generator) -> Draft: up to k tokens, and the distributions q they were
+                                   sampled from (None for a deterministic drafter: q is a point mass)
+  commit(n_ids)                   the round committed tokens; the sequence now has n_ids tokens
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .cache import CachedModel
+from .sampling import logits_to_probs, sample
+
+
+@dataclass
+class Draft:
+    tokens: torch.Tensor  # [k'] proposed ids, k' <= k
+    q: torch.Tensor | None  # [k', V] distributions they were sampled from; None = deterministic drafter
+    logits: torch.Tensor | None = None  # [k', V] raw draft logits, kept only for display
+
+    def __len__(self) -> int:
+        return self.tokens.numel()
+
+
+class NoDrafter:
+    """Proposes nothing: every round is one plain target step. This is autoregressive decoding."""
+
+    name = "none"
+
+    def start(self, ids):
+        pass
+
+    def propose(self, ids, k, cfg, generator):
+        return Draft(torch.empty(0, dtype=torch.long), None)
+
+    def commit(self, n_ids):
+        pass
+
+
+class ModelDrafter:
+    """A small causal LM drafts k tokens autoregressively, sampling each from warped q."""
+
+    name = "model"
+
+    def __init__(self, model, vocab: int):
+        self.lm = CachedModel(model, vocab)
+
+    def start(self, ids):
+        self.lm.reset()
+        self.lm.prefill(ids[:-1])
+
+    def propose(self, ids, k, cfg, generator):
+        # The cache holds ids[:length]; feed the rest. After a fully accepted round that is two
+        # tokens (the last drafted token, never fed, and the target's bonus token).
+        x = torch.tensor(ids[self.lm.length:], device=self.lm.device)
+        tokens, qs, raw = [], [], []
+        for _ in range(k):
+            logits = self.lm.forward(x, keep=1)[0]
+            q = logits_to_probs(logits, cfg.temperature, cfg.top_k, cfg.top_p)
+            x = q.argmax(-1, keepdim=True) if cfg.greedy else sample(q[None], generator)
+            tokens.append(x.view(1))
+            qs.append(q)
+            raw.append(logits)
+        if not tokens:
+            return Draft(torch.empty(0, dtype=torch.long, device=self.lm.device), None)
+        return Draft(torch.cat(tokens), torch.stack(qs), torch.stack(raw))
+
+    def commit(self, n_ids):
+        # keep only the committed prefix; the newest committed token is fed next round
+        self.lm.crop(n_ids - 1)
+        self.lm.check()
+
+
+class PromptLookupDrafter:
+    """No model: find the latest earlier occurrence of the last n tokens and propose what followed.
+
+    Nearly free, and strong whenever the output copies from the prompt (editing, extraction).
+    """
+
+    name = "prompt-lookup"
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def start(self, ids):
+        pass
+
+    def propose(self, ids, k, cfg, generator):
+        found: list[int] = []
+        for n in range(min(self.max_ngram, len(ids) - 1), self.min_ngram - 1, -1):
+            tail = ids[-n:]
+            for start in range(len(ids) - n - 1, -1, -1):
+                if ids[start:start + n] == tail:
+                    found = ids[start + n:start + n + k]
+                    break
+            if found:
+                break
+        return Draft(torch.tensor(found[:k], dtype=torch.long), None)
+
+    def commit(self, n_ids):
+        pass
+
+
+class EarlyExitDrafter(ModelDrafter):
+    """Self-speculation: the target's first `layers` layers, its final norm and its head draft.
+
+    The view shares every weight with the target, so no second model sits in memory.
+    """
+
+    name = "early-exit"
+
+    def __init__(self, target, vocab: int, layers: int):
+        super().__init__(truncated_view(target, layers), vocab)
+
+
+def truncated_view(model: nn.Module, layers: int) -> nn.Module:
+    """A shallow copy of a decoder-only HF model that runs only its first `layers` blocks."""
+    inner = model.get_decoder()
+    total = len(inner.layers)
+    if not 1 <= layers < total:
+        raise ValueError(f"early exit needs 1 <= layers < {total}, got {layers}")
+    view_inner = copy.copy(inner)
+    view_inner._modules = dict(inner._modules)  # own module table, shared modules
+    view_inner.layers = nn.ModuleList(list(inner.layers)[:layers])
+    view = copy.copy(model)
+    view._modules = dict(model._modules)
+    view.config = copy.copy(model.config)
+    view.config.num_hidden_layers = layers
+    view_inner.config = view.config
+    name = next(n for n, m in model.named_children() if m is inner)
+    setattr(view, name, view_inner)
+    return view

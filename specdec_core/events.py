@@ -1,0 +1,106 @@
+"""What the engine yields (one RoundEvent per round) and the statistics derived from them.
+
+Every field is plain Python so an event stream serialises to JSON as is (traces, the API).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+Top = list[tuple[int, float]]  # (token id, probability), most likely first
+
+
+@dataclass
+class RoundEvent:
+    method: str  # "speculative" | "autoregressive"
+    drafter: str  # which drafter proposed ("none" for autoregressive decoding)
+    round: int  # 1-based
+    k: int  # draft length asked for this round
+    drafted: list[int]  # what the drafter proposed
+    accepted: int  # length of the accepted prefix of `drafted`
+    token: int  # the target's own token: replacement after a rejection, else bonus (or the AR step)
+    token_kind: str  # "replacement" | "bonus" | "target" (autoregressive)
+    committed: list[int]  # tokens appended this round (accepted prefix + token, cut at EOS / length)
+    p_drafted: list[float]  # p(x_i): target probability of each drafted token (warped, as used)
+    q_drafted: list[float]  # q(x_i): draft probability it was sampled with (1.0 for deterministic drafters)
+    accept_probs: list[float]  # min(1, p/q) per drafted token
+    uniforms: list[float]  # the uniform draw compared against it
+    p_token: float  # probability of `token` under the distribution it was sampled from
+    greedy: bool  # temperature 0: acceptance is argmax equality; tops below are softmax(logits)
+    target_top: list[Top]  # per position (k'+1 rows): top target probabilities
+    draft_top: list[Top]  # per drafted position: top draft probabilities ([] when deterministic)
+    residual_top: Top | None  # after a rejection: top of the residual the token was sampled from
+    prefill_s: float  # prompt prefill time (first round only)
+    draft_s: float  # time drafting this round
+    verify_s: float  # time of the target pass + verification
+    overhead_s: float  # everything else in the round (commit, bookkeeping, event building)
+    elapsed_s: float  # this decoder's own compute time since it started, at the end of this round
+    n_generated: int  # tokens generated so far
+    finished: bool = False
+    finish_reason: str | None = None  # "eos" | "length"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Stats:
+    method: str
+    drafter: str
+    tokens: int = 0
+    rounds: int = 0
+    seconds: float = 0.0  # own compute time, prefill included
+    prefill_s: float = 0.0
+    tokens_per_s: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+    acceptance_rate: float = 0.0  # accepted / drafted
+    mean_accepted_length: float = 0.0  # accepted draft tokens per round
+    tokens_per_round: float = 0.0  # committed tokens per round (accepted + the target's token)
+    accepted_length_histogram: list[int] = field(default_factory=list)  # rounds with 0, 1, ..., K accepted
+    acceptance_by_position: list[float] = field(default_factory=list)  # P(accept | draft position i reached)
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    overhead_s: float = 0.0
+    finish_reason: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize(events: list[RoundEvent]) -> Stats:
+    if not events:
+        return Stats(method="", drafter="")
+    s = Stats(method=events[0].method, drafter=events[0].drafter)
+    max_k = max(len(e.drafted) for e in events)
+    hist, reached, acc = [0] * (max_k + 1), [0] * max_k, [0] * max_k
+    for e in events:
+        hist[e.accepted] += 1
+        for i in range(len(e.drafted)):
+            reached[i] += 1
+            acc[i] += i < e.accepted
+        s.drafted += len(e.drafted)
+        s.accepted += e.accepted
+        s.tokens += len(e.committed)
+        s.prefill_s += e.prefill_s
+        s.draft_s += e.draft_s
+        s.verify_s += e.verify_s
+        s.overhead_s += e.overhead_s
+    s.rounds = len(events)
+    s.seconds = events[-1].elapsed_s
+    s.tokens_per_s = s.tokens / s.seconds if s.seconds > 0 else 0.0
+    s.acceptance_rate = s.accepted / s.drafted if s.drafted else 0.0
+    s.mean_accepted_length = s.accepted / s.rounds
+    s.tokens_per_round = s.tokens / s.rounds
+    s.accepted_length_histogram = hist
+    s.acceptance_by_position = [a / r if r else 0.0 for a, r in zip(acc, reached)]
+    s.finish_reason = events[-1].finish_reason
+    return s
+
+
+@dataclass
+class Result:
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    stats: Stats
+    events: list[RoundEvent]

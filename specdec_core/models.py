@@ -1,0 +1,125 @@
+"""Model pairs: the bundled offline pair, a tiny random pair, or hub ids / local directories."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+Progress = Callable[[float, str], None]  # (fraction done, message)
+
+
+@dataclass
+class Pair:
+    name: str
+    target: torch.nn.Module
+    draft: torch.nn.Module | None  # None: only model-free drafters (prompt lookup, early exit)
+    tokenizer: object
+    vocab: int  # the shared tokenizer range; logits rows past it (vocab padding) are ignored
+    eos_ids: frozenset[int]
+    context_length: int
+    device: torch.device
+    dtype: torch.dtype
+    info: dict = field(default_factory=dict)  # target / draft names, parameter counts, load time
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    if device != "auto":
+        return torch.device(device)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def pick_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """'auto': bfloat16 where the hardware runs it natively (CUDA, CPUs with AVX512-BF16/AMX), else
+    float16 on MPS, else float32."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype != "auto":
+        try:
+            return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        except KeyError:
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}") from None
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "mps":
+        return torch.float16
+    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
+
+
+def eos_ids_of(model, tokenizer) -> frozenset[int]:
+    ids = model.generation_config.eos_token_id if model.generation_config is not None else None
+    ids = list(ids) if isinstance(ids, (list, tuple)) else [ids]
+    ids.append(tokenizer.eos_token_id)
+    return frozenset(int(i) for i in ids if i is not None)
+
+
+def check_tokenizers(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
+    if target_tok.get_vocab() != draft_tok.get_vocab() or target_tok.all_special_tokens != draft_tok.all_special_tokens:
+        raise ValueError(f"The draft {draft_name!r} and the target {target_name!r} use different tokenizers; "
+                         "speculative decoding needs both to share one vocabulary.")
+
+
+def make_pair(name, target, draft, tokenizer, device, dtype, info=None) -> Pair:
+    rows = [target.get_output_embeddings().weight.shape[0]]
+    if draft is not None:
+        rows.append(draft.get_output_embeddings().weight.shape[0])
+    vocab = min(len(tokenizer), *rows)
+    ctx = getattr(target.config, "max_position_embeddings", None) or 4096
+    info = dict(info or {})
+    info["target_params"] = sum(p.numel() for p in target.parameters())
+    info["draft_params"] = sum(p.numel() for p in draft.parameters()) if draft is not None else 0
+    return Pair(name, target.eval(), draft.eval() if draft is not None else None, tokenizer, vocab,
+                eos_ids_of(target, tokenizer), int(ctx), device, dtype, info)
+
+
+def load_pair(target: str = "bundled", draft: str | None = None, device: str = "auto", dtype: str = "auto",
+              progress: Progress | None = None, cache_dir: str | os.PathLike | None = None) -> Pair:
+    """"bundled" (offline default), "tiny" (random, for tests), or a target and draft hub id / local dir."""
+    progress = progress or (lambda f, m: None)
+    dev = pick_device(device)
+    dt = pick_dtype(dtype, dev)
+    if target == "tiny":
+        from .tiny import tiny_models
+        t, d, tok = tiny_models()
+        progress(1.0, "tiny pair ready")
+        return make_pair("tiny", t.to(dev, dt), d.to(dev, dt), tok, dev, dt,
+                         {"target": "tiny-target", "draft": "tiny-draft (perturbed copy)"})
+    if target == "bundled":
+        from .bundled import load_bundled
+        return load_bundled(dev, dt, progress, cache_dir)
+    if draft is None:
+        raise ValueError("A custom pair needs both a target and a draft model id (or directory).")
+    return load_hub_pair(target, draft, dev, dt, progress)
+
+
+def load_hub_pair(target_id: str, draft_id: str, device: torch.device, dtype: torch.dtype,
+                  progress: Progress) -> Pair:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    def load(model_id, placement):
+        return AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype, device_map=placement,
+                                                    use_safetensors=True, trust_remote_code=False)
+
+    progress(0.05, f"loading tokenizers of {target_id} and {draft_id}")
+    tok = AutoTokenizer.from_pretrained(target_id, trust_remote_code=False)
+    draft_tok = AutoTokenizer.from_pretrained(draft_id, trust_remote_code=False)
+    check_tokenizers(tok, draft_tok, target_id, draft_id)  # fail before loading gigabytes of weights
+    progress(0.1, f"loading target {target_id}")
+    # accelerate spreads a target too large for one GPU over all of them; the draft follows its first device
+    target = load(target_id, "auto" if device.type == "cuda" else str(device))
+    first = target.get_input_embeddings().weight.device
+    progress(0.7, f"loading draft {draft_id}")
+    draft = load(draft_id, str(first))
+    progress(1.0, "ready")
+    return make_pair(f"{target_id} <- {draft_id}", target, draft, tok, first, dtype,
+                     {"target": target_id, "draft": draft_id})
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec"))

@@ -1,0 +1,49 @@
+"""Turning logits into the distribution tokens are sampled from.
+
+The same function warps the draft's and the target's logits, so both distributions are
+computed identically (float32, same temperature / top-k / top-p). Temperature 0 gives a
+one-hot distribution at the argmax, so greedy decoding is the same algorithm with
+deterministic distributions rather than a separate code path.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class NonFiniteLogitsError(RuntimeError):
+    """A model produced NaN or infinite logits (for example float16 overflow)."""
+
+
+def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """[..., V] logits -> [..., V] float32 probabilities."""
+    logits = logits.float()
+    if not bool(torch.isfinite(logits).all()):
+        raise NonFiniteLogitsError("the model produced NaN or infinite logits; nothing was sampled from them")
+    if temperature == 0.0:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / temperature
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        # drop a token when the mass before it already reaches top_p (the first token always stays)
+        drop = (sorted_p.cumsum(-1) - sorted_p) >= top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token id per row of [..., V] probabilities."""
+    return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator).reshape(probs.shape[:-1])
+
+
+def top_entries(probs: torch.Tensor, n: int) -> list[list[tuple[int, float]]]:
+    """The n most likely (token, probability) pairs of each row, for events and the inspector."""
+    if n == 0:
+        return [[] for _ in range(probs.shape[0])]
+    vals, idx = torch.topk(probs.float(), min(n, probs.shape[-1]), dim=-1)
+    return [list(zip(i, v)) for i, v in zip(idx.tolist(), vals.tolist())]

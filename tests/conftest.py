@@ -1,0 +1,30 @@
+import dataclasses
+
+import pytest
+import torch
+
+from specdec_core.models import make_pair
+from specdec_core.tiny import tiny_models
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_set():
+    """The tiny target with three drafts: itself, a perturbed copy, an unrelated random model."""
+    target, perturbed, tok = tiny_models(seed=0)
+    unrelated, _, _ = tiny_models(seed=123)
+    return {
+        "same": make_pair("same", target, target, tok, CPU, torch.float32),
+        "perturbed": make_pair("perturbed", target, perturbed, tok, CPU, torch.float32),
+        "unrelated": make_pair("unrelated", target, unrelated, tok, CPU, torch.float32),
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_set):
+    return tiny_set["perturbed"]
+
+
+def with_eos(pair, eos_ids):
+    return dataclasses.replace(pair, eos_ids=frozenset(eos_ids))

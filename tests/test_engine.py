@@ -1,0 +1,123 @@
+"""The engine on the tiny pair: greedy equality, EOS, length caps, seeds and cache invariants."""
+import pytest
+
+from specdec_core import SpecConfig, autoregressive_generate, generate, speculative_generate
+from specdec_core.drafters import ModelDrafter, PromptLookupDrafter
+from specdec_core.engine import make_drafter
+
+from .conftest import with_eos
+
+PROMPT = "def fib(n):"
+
+
+@pytest.mark.parametrize("draft", ["same", "perturbed", "unrelated"])
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_greedy_speculative_equals_autoregressive(tiny_set, draft, k):
+    pair = tiny_set[draft]
+    eos_free = with_eos(pair, [])  # run to the length cap so every case compares full sequences
+    for n in sorted({1, max(1, k - 1), k, k + 1, 64}):
+        cfg = SpecConfig(k=k, max_new_tokens=n)
+        ar = generate(eos_free, PROMPT, cfg, "autoregressive")
+        spec = generate(eos_free, PROMPT, cfg)
+        assert spec.token_ids == ar.token_ids, (draft, k, n)
+        assert len(spec.token_ids) == n
+        if draft == "same" and n > 1:
+            assert spec.stats.drafted > 0 and spec.stats.acceptance_rate == 1.0
+
+
+def test_acceptance_spans_full_partial_and_zero(tiny_set):
+    stats = generate(with_eos(tiny_set["perturbed"], []), PROMPT, SpecConfig(k=4, max_new_tokens=64)).stats
+    hist = stats.accepted_length_histogram
+    assert hist[0] > 0 and hist[-1] > 0 and sum(hist[1:-1]) > 0
+    assert generate(with_eos(tiny_set["unrelated"], []), PROMPT,
+                    SpecConfig(k=4, max_new_tokens=32)).stats.acceptance_rate < 0.2
+
+
+@pytest.mark.parametrize("draft", ["same", "perturbed"])
+def test_eos_anywhere_in_a_round_ends_generation_there(tiny_set, draft):
+    pair = with_eos(tiny_set[draft], [])
+    cfg = SpecConfig(k=4, max_new_tokens=24)
+    reference = generate(pair, PROMPT, cfg, "autoregressive").token_ids
+    for pos in range(len(reference)):  # with draft == target, pos covers every draft position and the bonus
+        eos = reference[pos]
+        expected = reference[: reference.index(eos) + 1]
+        out = generate(with_eos(pair, [eos]), PROMPT, cfg)
+        assert out.token_ids == expected
+        assert out.stats.finish_reason == "eos"
+
+
+def test_max_new_tokens_never_exceeded_when_sampling(tiny):
+    for n in (1, 2, 3, 5, 9):
+        for seed in range(5):
+            out = generate(with_eos(tiny, []), PROMPT, SpecConfig(k=4, max_new_tokens=n, temperature=1.0, seed=seed))
+            assert len(out.token_ids) == n
+            assert all(e.k <= 4 and len(e.committed) <= e.k + 1 for e in out.events)
+
+
+def test_same_seed_same_output_and_seeds_matter(tiny):
+    cfg = SpecConfig(k=3, temperature=1.0, max_new_tokens=40, seed=7)
+    a, b = generate(tiny, PROMPT, cfg), generate(tiny, PROMPT, cfg)
+    assert a.token_ids == b.token_ids and a.text == b.text
+    others = {tuple(generate(tiny, PROMPT, SpecConfig(k=3, temperature=1.0, max_new_tokens=40, seed=s)).token_ids)
+              for s in range(4)}
+    assert len(others) > 1
+    ar = SpecConfig(temperature=0.8, top_p=0.9, max_new_tokens=20, seed=3)
+    assert generate(tiny, PROMPT, ar, "autoregressive").token_ids == generate(tiny, PROMPT, ar, "autoregressive").token_ids
+
+
+def test_cache_lengths_after_every_round(tiny):
+    drafter = ModelDrafter(tiny.draft, tiny.vocab)
+    cfg = SpecConfig(k=4, max_new_tokens=48)
+    n_prompt = None
+    for e in speculative_generate(with_eos(tiny, []), PROMPT, cfg, drafter):
+        n_prompt = n_prompt or (drafter.lm.length - e.n_generated + 1 if e.accepted < len(e.drafted) else None)
+        n_ids = drafter.lm.length + (2 if e.accepted == len(e.drafted) else 1)  # bonus leaves two tokens unfed
+        drafter.lm.check()
+        if n_prompt is not None:
+            assert n_ids == n_prompt + e.n_generated
+    assert n_prompt is not None
+
+
+def test_events_carry_what_the_ui_needs(tiny):
+    events = list(speculative_generate(tiny, PROMPT, SpecConfig(k=4, max_new_tokens=30, temperature=1.0)))
+    first = events[0]
+    assert first.prefill_s > 0 and all(e.prefill_s == 0 for e in events[1:])
+    assert all(e.elapsed_s > 0 for e in events) and events == sorted(events, key=lambda e: e.elapsed_s)
+    for e in events:
+        assert len(e.p_drafted) == len(e.q_drafted) == len(e.accept_probs) == len(e.uniforms) == len(e.drafted)
+        assert len(e.target_top) == len(e.drafted) + 1 and len(e.draft_top) == len(e.drafted)
+        assert (e.residual_top is None) == (e.token_kind == "bonus")
+        assert e.committed[: e.accepted] == e.drafted[: e.accepted]
+        for a, p, q, u in zip(e.accept_probs, e.p_drafted, e.q_drafted, e.uniforms):
+            assert a == pytest.approx(min(1.0, p / q), rel=1e-5)
+    assert events[-1].finished and not any(e.finished for e in events[:-1])
+
+
+def test_autoregressive_is_one_event_per_token(tiny):
+    events = list(autoregressive_generate(with_eos(tiny, []), PROMPT, SpecConfig(max_new_tokens=10)))
+    assert len(events) == 10 and all(len(e.committed) == 1 and e.token_kind == "target" for e in events)
+
+
+def test_prompt_lookup_and_early_exit_are_lossless(tiny):
+    prompt = "abcabcabcabc abc abc abcabc"
+    pair = with_eos(tiny, [])
+    for drafter in (PromptLookupDrafter(), make_drafter(pair, "early-exit", layers=1)):
+        for cfg in (SpecConfig(k=4, max_new_tokens=40), SpecConfig(k=3, max_new_tokens=17)):
+            assert generate(pair, prompt, cfg, drafter=drafter).token_ids == \
+                generate(pair, prompt, cfg, "autoregressive").token_ids
+
+
+def test_adaptive_k_changes_k_and_stays_lossless(tiny):
+    pair = with_eos(tiny, [])
+    cfg = SpecConfig(k=4, max_new_tokens=64, adaptive=True)
+    out = generate(pair, PROMPT, cfg)
+    assert out.token_ids == generate(pair, PROMPT, cfg, "autoregressive").token_ids
+    assert len({e.k for e in out.events}) > 1
+
+
+def test_bad_prompts_raise_clear_errors(tiny):
+    for bad in ("", "   \n\t"):
+        with pytest.raises(ValueError, match="empty"):
+            generate(tiny, bad, SpecConfig())
+    with pytest.raises(ValueError, match="context"):
+        generate(tiny, "x" * 5000, SpecConfig(max_new_tokens=10))

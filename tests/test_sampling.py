@@ -1,0 +1,45 @@
+import math
+
+import pytest
+import torch
+
+from specdec_core.config import MAX_K, SpecConfig
+from specdec_core.sampling import NonFiniteLogitsError, logits_to_probs
+
+
+def test_greedy_is_one_hot_at_argmax():
+    probs = logits_to_probs(torch.tensor([[1.0, 3.0, 2.0]]), 0.0)
+    assert probs.tolist() == [[0.0, 1.0, 0.0]]
+
+
+def test_temperature_top_k_top_p():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    assert torch.allclose(logits_to_probs(logits, 1.0), torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    assert torch.allclose(logits_to_probs(logits, 1.0, top_k=2), torch.tensor([0.625, 0.375, 0, 0]))
+    # top_p=0.8: 0.5 + 0.3 reaches 0.8, so the third token is dropped
+    assert torch.allclose(logits_to_probs(logits, 1.0, top_p=0.8), torch.tensor([0.625, 0.375, 0, 0]))
+    assert torch.allclose(logits_to_probs(logits, 1.0, top_p=0.81), torch.tensor([0.5, 0.3, 0.15, 0]) / 0.95)
+    assert logits_to_probs(logits, 1.0, top_p=0.1).tolist() == [1.0, 0.0, 0.0, 0.0]
+    hot = logits_to_probs(logits, 0.5)
+    assert hot[0] > 0.5 and math.isclose(hot.sum().item(), 1.0, rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_logits_are_never_sampled(bad):
+    with pytest.raises(NonFiniteLogitsError):
+        logits_to_probs(torch.tensor([0.0, bad]), 1.0)
+
+
+@pytest.mark.parametrize("kwargs", [dict(k=0), dict(k=-1), dict(k=MAX_K + 1), dict(max_new_tokens=0),
+                                    dict(max_new_tokens=-5), dict(max_new_tokens=10**9), dict(temperature=-1),
+                                    dict(temperature=float("nan")), dict(temperature=float("inf")),
+                                    dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1), dict(seed=1.5),
+                                    dict(seed="abc"), dict(k="4")])
+def test_config_rejects_bad_values_with_a_message(kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        SpecConfig(**kwargs)
+
+
+def test_config_normalises():
+    assert SpecConfig(temperature=1e-9).greedy
+    assert SpecConfig(seed=3.0).seed == 3

@@ -1,0 +1,121 @@
+"""Exact checks of the accept/reject step on hand-built distributions (p = target, q = draft)."""
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specdec_core.verify import accept_probabilities, residual_distribution, verify
+
+
+def one_hot(i, v=4):
+    return torch.nn.functional.one_hot(torch.tensor(i), v).float()
+
+
+def test_all_accepted_gives_bonus_from_last_target_row():
+    p = torch.stack([one_hot(1), one_hot(2), one_hot(3)])
+    q = torch.stack([one_hot(1), one_hot(2)])
+    v = verify(torch.tensor([1, 2]), q, p, torch.Generator().manual_seed(0))
+    assert (v.n_accepted, v.token, v.residual) == (2, 3, None)
+    assert v.accept_probs.tolist() == [1.0, 1.0]
+
+
+def test_first_rejected_samples_target_replacement():
+    p = torch.stack([one_hot(0), one_hot(2), one_hot(3)])
+    q = torch.stack([one_hot(1), one_hot(2)])
+    v = verify(torch.tensor([1, 2]), q, p, torch.Generator().manual_seed(0))
+    assert (v.n_accepted, v.token) == (0, 0)
+    assert v.accept_probs.tolist() == [0.0, 1.0]
+    assert v.residual.tolist() == one_hot(0).tolist()
+
+
+def test_middle_rejected():
+    p = torch.stack([one_hot(1), one_hot(1), one_hot(3), one_hot(0)])
+    q = torch.stack([one_hot(1), one_hot(2), one_hot(3)])
+    v = verify(torch.tensor([1, 2, 3]), q, p, torch.Generator().manual_seed(0))
+    assert (v.n_accepted, v.token) == (1, 1)
+
+
+def test_k1_and_k0():
+    p = torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+    v = verify(torch.tensor([1]), torch.tensor([[0.1, 0.9, 0.0, 0.0]]), p, torch.Generator().manual_seed(0))
+    assert (v.n_accepted, v.token) == (1, 3)
+    v = verify(torch.tensor([], dtype=torch.long), None, p[:1], torch.Generator().manual_seed(0))
+    assert (v.n_accepted, v.token) == (0, 1)
+
+
+def test_partial_acceptance_uses_ratio_and_uniform():
+    p = torch.tensor([[0.25, 0.75, 0.0], [1.0, 0.0, 0.0]])
+    q = torch.tensor([[0.5, 0.5, 0.0]])
+    g = torch.Generator().manual_seed(3)
+    v = verify(torch.tensor([0]), q, p, g)
+    assert v.accept_probs.tolist() == [0.5]
+    assert v.n_accepted == int(v.uniforms[0] < 0.5)
+    if v.n_accepted == 0:  # residual max(0, p - q) = [0, .25, 0] -> token 1
+        assert v.token == 1 and v.residual.tolist() == [0.0, 1.0, 0.0]
+
+
+def test_deterministic_drafter_is_point_mass():
+    p = torch.tensor([[0.6, 0.4], [0.5, 0.5]])
+    v = verify(torch.tensor([1]), None, p, torch.Generator().manual_seed(0))
+    assert abs(v.accept_probs[0].item() - 0.4) < 1e-7
+    if v.n_accepted == 0:
+        assert v.token == 0  # residual = p without the rejected token
+
+
+def output_distribution(p, q):
+    """P(first output token = y) = q(y) a(y) + (1 - sum_x q(x) a(x)) r(y), with a, r the functions under test."""
+    a = accept_probabilities(p, q)
+    return q * a + (1 - (q * a).sum()) * residual_distribution(p, q)
+
+
+def test_first_token_has_exactly_the_target_distribution():
+    g = torch.Generator().manual_seed(0)
+    cases = []
+    for v in (2, 5, 50):
+        for _ in range(50):
+            p = torch.rand(v, generator=g, dtype=torch.float64) ** 3
+            q = torch.rand(v, generator=g, dtype=torch.float64) ** 3
+            p[torch.rand(v, generator=g) < 0.3] = 0  # sparse supports
+            p[0] += 1e-3
+            q[-1] += 1e-3
+            cases.append((p / p.sum(), q / q.sum()))
+    d = torch.tensor([0.7, 0.3, 0.0, 0.0], dtype=torch.float64)
+    cases += [(d, d.clone()),  # identical
+              (d, torch.tensor([0.0, 0.0, 0.5, 0.5], dtype=torch.float64)),  # disjoint support
+              (torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=torch.float64), d),  # one-hot target
+              (d, torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=torch.float64))]  # one-hot draft
+    for p, q in cases:
+        assert torch.allclose(output_distribution(p, q), p, atol=1e-6), (p, q)
+
+
+@st.composite
+def verify_inputs(draw):
+    v = draw(st.integers(2, 8))
+    k = draw(st.integers(0, 5))
+    weights = st.lists(st.floats(0, 1), min_size=v, max_size=v).filter(lambda w: sum(w) > 1e-3)
+    p = torch.tensor([draw(weights) for _ in range(k + 1)])
+    q = torch.tensor([draw(weights) for _ in range(k)]).reshape(k, v)
+    tokens = torch.tensor(draw(st.lists(st.integers(0, v - 1), min_size=k, max_size=k)), dtype=torch.long)
+    return tokens, q / q.sum(-1, keepdim=True) if k else q, p / p.sum(-1, keepdim=True), draw(st.integers(0, 2**31))
+
+
+@settings(max_examples=300, deadline=None)
+@given(verify_inputs(), st.booleans())
+def test_fuzz_never_crashes_or_leaves_the_support(inputs, deterministic):
+    tokens, q, p, seed = inputs
+    v = verify(tokens, None if deterministic else q, p, torch.Generator().manual_seed(seed))
+    assert 0 <= v.n_accepted <= tokens.numel()
+    assert 0 <= v.token < p.shape[-1]
+    assert p[v.n_accepted, v.token] > 0  # the target's token is always possible under p
+    for i in range(v.n_accepted):
+        assert p[i, tokens[i]] > 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(verify_inputs())
+def test_fuzz_draft_equal_to_target_accepts_everything(inputs):
+    _, _, p, seed = inputs
+    g = torch.Generator().manual_seed(seed)
+    k = p.shape[0] - 1
+    tokens = torch.multinomial(p[:k], 1, generator=g).view(-1) if k else torch.empty(0, dtype=torch.long)
+    v = verify(tokens, p[:k], p, g)
+    assert v.n_accepted == k and v.residual is None

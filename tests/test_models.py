@@ -1,0 +1,71 @@
+"""Loading pairs from local directories (the same code path as hub ids) and pair invariants."""
+import pytest
+import torch
+from transformers import Qwen2ForCausalLM
+
+from specdec_core import SpecConfig, generate, load_pair
+from specdec_core.models import pick_device, pick_dtype
+from specdec_core.tiny import tiny_config, tiny_models, tiny_tokenizer
+
+from .conftest import with_eos
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    target, draft, tok = tiny_models()
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    # a target whose vocab rows are padded past the tokenizer, like Qwen2.5-7B (152,064 rows vs 151,936)
+    torch.manual_seed(5)
+    padded = Qwen2ForCausalLM(tiny_config(len(tok) + 7))
+    padded.save_pretrained(root / "padded")
+    tok.save_pretrained(root / "padded")
+    # a draft with a different tokenizer
+    other = tiny_tokenizer()
+    other.add_tokens(["<extra>"])
+    draft.save_pretrained(root / "other")
+    other.save_pretrained(root / "other")
+    return root
+
+
+def test_local_directories_load_and_decode_losslessly(model_dirs):
+    pair = load_pair(str(model_dirs / "target"), str(model_dirs / "draft"), device="cpu", dtype="float32")
+    assert pair.vocab == len(pair.tokenizer) and pair.draft is not None
+    cfg = SpecConfig(k=4, max_new_tokens=24)
+    pair = with_eos(pair, [])
+    assert generate(pair, "hello", cfg).token_ids == generate(pair, "hello", cfg, "autoregressive").token_ids
+
+
+def test_padded_vocab_rows_are_cut_to_the_shared_range(model_dirs):
+    pair = with_eos(load_pair(str(model_dirs / "padded"), str(model_dirs / "draft"), device="cpu", dtype="float32"), [])
+    assert pair.target.get_output_embeddings().weight.shape[0] == pair.vocab + 7
+    out = generate(pair, "hello", SpecConfig(k=3, max_new_tokens=20, temperature=1.0))
+    assert all(t < pair.vocab for t in out.token_ids)
+    cfg = SpecConfig(k=3, max_new_tokens=20)
+    assert generate(pair, "hello", cfg).token_ids == generate(pair, "hello", cfg, "autoregressive").token_ids
+
+
+def test_different_tokenizers_are_refused_naming_both(model_dirs):
+    with pytest.raises(ValueError, match="different tokenizers") as err:
+        load_pair(str(model_dirs / "target"), str(model_dirs / "other"), device="cpu", dtype="float32")
+    assert "target" in str(err.value) and "other" in str(err.value)
+
+
+def test_custom_pair_needs_a_draft():
+    with pytest.raises(ValueError, match="draft"):
+        load_pair("some/model")
+
+
+def test_device_and_dtype_choice():
+    assert pick_device("cpu").type == "cpu"
+    assert pick_dtype("float32", torch.device("cpu")) == torch.float32
+    assert pick_dtype("auto", torch.device("cpu")) in (torch.bfloat16, torch.float32)
+    with pytest.raises(ValueError):
+        pick_dtype("int3", torch.device("cpu"))
+
+
+def test_tiny_pair_loads():
+    pair = load_pair("tiny", device="cpu", dtype="float32")
+    assert pair.name == "tiny" and pair.vocab == 259 and pair.eos_ids == {258}

@@ -53,7 +53,8 @@ class Stats:
     tokens_per_s: float = 0.0
     drafted: int = 0
     accepted: int = 0
-    acceptance_rate: float = 0.0  # accepted / drafted
+    acceptance_rate: float = 0.0  # alpha: P(a drafted token is accepted | every token before it was)
+    accepted_fraction: float = 0.0  # accepted / drafted (tokens drafted after a rejection count as lost)
     mean_accepted_length: float = 0.0  # accepted draft tokens per round
     tokens_per_round: float = 0.0  # committed tokens per round (accepted + the target's token)
     accepted_length_histogram: list[int] = field(default_factory=list)  # rounds with 0, 1, ..., K accepted
@@ -72,10 +73,10 @@ def summarize(events: list[RoundEvent]) -> Stats:
         return Stats(method="", drafter="")
     s = Stats(method=events[0].method, drafter=events[0].drafter)
     max_k = max(len(e.drafted) for e in events)
-    hist, reached, acc = [0] * (max_k + 1), [0] * max_k, [0] * max_k
+    hist, reached, acc = [0] * (max_k + 1), [0] * max_k, [0] * max_k  # per draft position
     for e in events:
         hist[e.accepted] += 1
-        for i in range(len(e.drafted)):
+        for i in range(min(e.accepted + 1, len(e.drafted))):  # positions the target actually judged
             reached[i] += 1
             acc[i] += i < e.accepted
         s.drafted += len(e.drafted)
@@ -88,7 +89,8 @@ def summarize(events: list[RoundEvent]) -> Stats:
     s.rounds = len(events)
     s.seconds = events[-1].elapsed_s
     s.tokens_per_s = s.tokens / s.seconds if s.seconds > 0 else 0.0
-    s.acceptance_rate = s.accepted / s.drafted if s.drafted else 0.0
+    s.acceptance_rate = s.accepted / sum(reached) if sum(reached) else 0.0
+    s.accepted_fraction = s.accepted / s.drafted if s.drafted else 0.0
     s.mean_accepted_length = s.accepted / s.rounds
     s.tokens_per_round = s.tokens / s.rounds
     s.accepted_length_histogram = hist

@@ -1,0 +1,195 @@
+"""Benchmark: plain vs speculative decoding (and transformers' assisted generation) on a prompt set.
+
+python -m specdec_core.bench --pair bundled --prompts assets/prompts.jsonl --max-new-tokens 64 --k 4 \
+    --json out.json [--compare-hf] [--dtype auto] [--device auto] [--drafter model] [--png chart.png]
+
+Speeds are compared as ratios measured in the same run, after a warm-up.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from . import SpecConfig, generate, load_pair, make_drafter
+from .engine import prepare
+from .theory import expected_speedup
+
+STAT_KEYS = ("tokens", "seconds", "tokens_per_s")
+SPEC_KEYS = STAT_KEYS + ("acceptance_rate", "accepted_fraction", "mean_accepted_length", "tokens_per_round",
+                         "draft_s", "verify_s", "overhead_s", "prefill_s", "rounds")
+
+
+def pick(stats, keys) -> dict:
+    return {k: getattr(stats, k) for k in keys}
+
+
+def first_divergence(pair, prompt_ids, a: list[int], b: list[int]) -> dict | None:
+    """Where two greedy outputs part, and the target's log-probability gap between the two tokens there."""
+    pos = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if pos is None:
+        return None
+    device = pair.target.get_input_embeddings().weight.device
+    with torch.inference_mode():
+        logits = pair.target(torch.tensor([prompt_ids + a[:pos]], device=device), logits_to_keep=1).logits[0, -1]
+    logp = torch.log_softmax(logits.float()[: pair.vocab], -1)
+    return {"position": pos, "ar_token": a[pos], "spec_token": b[pos],
+            "logprob_gap": float(logp[a[pos]] - logp[b[pos]])}
+
+
+def hf_assisted(pair, prompt_ids: list[int], cfg: SpecConfig, constant_k: bool) -> dict:
+    """transformers' own assisted generation on the same checkpoints, dtype and settings."""
+    device = pair.target.get_input_embeddings().weight.device
+    ids = torch.tensor([prompt_ids], device=device)
+    kwargs = dict(max_new_tokens=cfg.max_new_tokens, assistant_model=pair.draft, eos_token_id=sorted(pair.eos_ids),
+                  pad_token_id=pair.tokenizer.pad_token_id, do_sample=not cfg.greedy)
+    if not cfg.greedy:
+        kwargs.update(temperature=cfg.temperature, top_k=cfg.top_k or None, top_p=cfg.top_p)
+    if constant_k:
+        kwargs.update(num_assistant_tokens=cfg.k, num_assistant_tokens_schedule="constant",
+                      assistant_confidence_threshold=0.0)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+    seconds = time.perf_counter() - t0
+    tokens = out.shape[1] - ids.shape[1]
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+            "schedule": "constant" if constant_k else "default", "token_ids": out[0, ids.shape[1]:].tolist()}
+
+
+def predicted_speedup(ar, spec, k: int) -> float:
+    """What the cost model predicts from this run's own measurements (acceptance, step times)."""
+    step = (ar.seconds - ar.prefill_s) / max(ar.tokens, 1)  # target one-token step
+    c = spec.draft_s / max(spec.rounds * k, 1) / step
+    v = spec.verify_s / max(spec.rounds, 1) / step
+    return expected_speedup(spec.acceptance_rate, k, c, v)
+
+
+def run_prompt(pair, item, cfg, drafter_name, compare_hf) -> dict:
+    ids = prepare(pair, item["prompt"], cfg)
+    ar = generate(pair, ids, cfg, "autoregressive")
+    spec = generate(pair, ids, cfg, drafter=make_drafter(pair, drafter_name))
+    entry = {"id": item["id"], "category": item.get("category", ""), "prompt_tokens": len(ids),
+             "ar": pick(ar.stats, STAT_KEYS), "spec": pick(spec.stats, SPEC_KEYS),
+             "speedup": spec.stats.tokens_per_s / ar.stats.tokens_per_s,
+             "predicted_speedup": predicted_speedup(ar.stats, spec.stats, cfg.k),
+             "identical_to_ar": ar.token_ids == spec.token_ids}
+    if not entry["identical_to_ar"]:
+        entry["first_divergence"] = first_divergence(pair, ids, ar.token_ids, spec.token_ids)
+    if compare_hf:
+        runs = [hf_assisted(pair, ids, cfg, constant) for constant in (False, True)]
+        best = max(runs, key=lambda r: r["tokens_per_s"])
+        entry["hf_assisted"] = {k: best[k] for k in STAT_KEYS + ("schedule",)}
+        entry["hf_runs"] = [{k: r[k] for k in STAT_KEYS + ("schedule",)} for r in runs]
+        entry["hf_identical_to_ar"] = best["token_ids"][: len(ar.token_ids)] == ar.token_ids
+        entry["speedup_vs_hf"] = spec.stats.tokens_per_s / best["tokens_per_s"]
+    return entry
+
+
+def summarize(entries: list[dict]) -> dict:
+    med = lambda key: statistics.median(e[key] for e in entries)
+    out = {"speedup_median": med("speedup"), "speedup_min": min(e["speedup"] for e in entries),
+           "predicted_speedup_median": med("predicted_speedup"),
+           "acceptance_rate_median": statistics.median(e["spec"]["acceptance_rate"] for e in entries),
+           "identical": sum(e["identical_to_ar"] for e in entries), "prompts": len(entries)}
+    if all("speedup_vs_hf" in e for e in entries):
+        out["speedup_vs_hf_median"] = med("speedup_vs_hf")
+        out["hf_speedup_median"] = statistics.median(e["hf_assisted"]["tokens_per_s"] / e["ar"]["tokens_per_s"]
+                                                     for e in entries)
+    return out
+
+
+def table(report: dict) -> str:
+    rows = [f"{'prompt':<20}{'AR tok/s':>9}{'spec tok/s':>11}{'speedup':>8}{'pred.':>7}{'accept':>7}"
+            f"{'acc/rnd':>8}{'HF tok/s':>9}{'vs HF':>7}  same"]
+    for e in report["prompts"]:
+        hf = e.get("hf_assisted")
+        rows.append(f"{e['id']:<20}{e['ar']['tokens_per_s']:>9.2f}{e['spec']['tokens_per_s']:>11.2f}"
+                    f"{e['speedup']:>7.2f}x{e['predicted_speedup']:>6.2f}x{e['spec']['acceptance_rate']:>7.2f}"
+                    f"{e['spec']['mean_accepted_length']:>8.2f}"
+                    + (f"{hf['tokens_per_s']:>9.2f}{e['speedup_vs_hf']:>6.2f}x" if hf else f"{'-':>9}{'-':>7}")
+                    + ("  yes" if e["identical_to_ar"] else
+                       f"  near-tie at {e['first_divergence']['position']} "
+                       f"(gap {e['first_divergence']['logprob_gap']:.3f})"))
+    s = report["summary"]
+    rows.append(f"median speedup {s['speedup_median']:.2f}x (min {s['speedup_min']:.2f}x, predicted "
+                f"{s['predicted_speedup_median']:.2f}x), identical {s['identical']}/{s['prompts']}"
+                + (f", vs HF assisted {s['speedup_vs_hf_median']:.2f}x" if "speedup_vs_hf_median" in s else ""))
+    return "\n".join(rows)
+
+
+def chart(report: dict, path: Path) -> None:
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    cats = [e["category"] or e["id"] for e in report["prompts"]]
+    fig.add_bar(name=f"specdec ({report['settings']['drafter']})", x=cats, y=[e["speedup"] for e in report["prompts"]])
+    if all("hf_assisted" in e for e in report["prompts"]):
+        fig.add_bar(name="transformers assisted", x=cats,
+                    y=[e["hf_assisted"]["tokens_per_s"] / e["ar"]["tokens_per_s"] for e in report["prompts"]])
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text="plain decoding")
+    fig.update_layout(title=f"Speedup over plain decoding: {report['pair']} on {report['device']} ({report['dtype']})",
+                      yaxis_title="speedup (x)", barmode="group", template="plotly_white", width=1000, height=500)
+    fig.write_html(path.with_suffix(".html"))
+    try:
+        fig.write_image(path)
+    except Exception as err:  # kaleido needs a Chrome/Chromium; the HTML chart is always written
+        print(f"PNG chart skipped ({err.__class__.__name__}: {err}); wrote {path.with_suffix('.html')}")
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m specdec_core.bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--pair", default="bundled", help="bundled | tiny | TARGET_ID,DRAFT_ID")
+    ap.add_argument("--prompts", default=str(Path(__file__).resolve().parent.parent / "assets" / "prompts.jsonl"))
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--drafter", default="model", choices=["model", "prompt-lookup", "early-exit"])
+    ap.add_argument("--adaptive", action="store_true", help="grow/shrink K per round")
+    ap.add_argument("--json", default="bench.json")
+    ap.add_argument("--png", default=None, help="speedup chart (default: next to the JSON)")
+    ap.add_argument("--compare-hf", action="store_true")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--limit", type=int, default=0, help="only the first N prompts")
+    args = ap.parse_args(argv)
+
+    t0 = time.perf_counter()
+    target, _, draft = args.pair.partition(",")
+    pair = load_pair(target, draft or None, device=args.device, dtype=args.dtype)
+    load_s = time.perf_counter() - t0
+    cfg = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature, adaptive=args.adaptive)
+    items = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+    items = items[: args.limit] if args.limit else items
+    # warm-up: first calls pay for allocations and kernel selection
+    warm = SpecConfig(k=args.k, max_new_tokens=8)
+    generate(pair, items[0]["prompt"], warm, "autoregressive")
+    generate(pair, items[0]["prompt"], warm, drafter=make_drafter(pair, args.drafter))
+    if args.compare_hf:
+        hf_assisted(pair, prepare(pair, items[0]["prompt"], warm), warm, True)
+    entries = []
+    for item in items:
+        entries.append(run_prompt(pair, item, cfg, args.drafter, args.compare_hf))
+        e = entries[-1]
+        print(f"{e['id']}: {e['speedup']:.2f}x, acceptance {e['spec']['acceptance_rate']:.2f}", flush=True)
+    report = {"pair": pair.name, "models": {"target": pair.info.get("target"), "draft": pair.info.get("draft")},
+              "device": str(pair.device), "dtype": str(pair.dtype).replace("torch.", ""),
+              "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", {torch.get_num_threads()} threads",
+              "settings": {"k": cfg.k, "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
+                           "drafter": args.drafter, "adaptive": cfg.adaptive, "prompts": args.prompts},
+              "load_s": load_s, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+              "prompts": entries, "summary": summarize(entries)}
+    Path(args.json).write_text(json.dumps(report, indent=2))
+    chart(report, Path(args.png) if args.png else Path(args.json).with_suffix(".png"))
+    print(table(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+"""The expected-speedup model of Leviathan et al. (2023), and the same with a real verify cost.
+
+a: acceptance rate (each drafted token accepted independently with probability a)
+k: draft length
+c: cost of one draft step relative to one target step
+v: cost of the target's (k+1)-token verification pass relative to a one-token step
+   (the paper takes v = 1: free parallelism; on a CPU it is not)
+"""
+from __future__ import annotations
+
+
+def expected_tokens_per_round(a: float, k: int) -> float:
+    """(1 - a^(k+1)) / (1 - a): accepted tokens plus the target's own token."""
+    if a >= 1.0:
+        return k + 1.0
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def expected_speedup(a: float, k: int, c: float, v: float = 1.0) -> float:
+    """Tokens per unit time relative to plain decoding: E[tokens per round] / (k c + v)."""
+    return expected_tokens_per_round(a, k) / (k * c + v)
+
+
+def best_k(a: float, c: float, v_of_k=lambda k: 1.0, k_max: int = 16) -> int:
+    return max(range(1, k_max + 1), key=lambda k: expected_speedup(a, k, c, v_of_k(k)))

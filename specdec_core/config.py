@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 MAX_K = 16
 MAX_NEW_TOKENS = 1024
 MAX_TEMPERATURE = 2.0
+MAX_PROMPT_CHARS = 20_000
 GREEDY_BELOW = 1e-4  # temperatures below this are treated as 0 (greedy): softmax(l / 1e-9) is one-hot anyway
 
 

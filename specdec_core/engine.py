@@ -11,7 +11,7 @@ from typing import Iterator
 
 import torch
 
-from .config import MAX_K, SpecConfig
+from .config import MAX_K, MAX_PROMPT_CHARS, SpecConfig
 from .drafters import Draft, ModelDrafter, NoDrafter
 from .events import Result, RoundEvent, summarize
 from .sampling import logits_to_probs, top_entries
@@ -41,6 +41,8 @@ class Clock:
 
 
 def prepare(pair, prompt: str | list[int], cfg: SpecConfig) -> list[int]:
+    if isinstance(prompt, str) and len(prompt) > MAX_PROMPT_CHARS:
+        raise ValueError(f"The prompt is {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}.")
     ids = encode_prompt(pair.tokenizer, prompt, cfg.chat) if isinstance(prompt, str) else list(prompt)
     if not ids:
         raise ValueError("The prompt encodes to no tokens.")

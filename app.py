@@ -1,0 +1,35 @@
+"""Start the demo: python app.py [--pair bundled|tiny|TARGET_ID,DRAFT_ID] [--host H] [--port P] [--share]"""
+from __future__ import annotations
+
+import argparse
+import os
+
+from app.pairs import PairManager
+from app.ui import CSS, build_app
+
+
+def main(argv=None):
+    env = os.environ.get
+    ap = argparse.ArgumentParser(description="Speculative decoding, live: a race against plain decoding.")
+    ap.add_argument("--pair", default=env("SPECDEC_PAIR", "bundled"), help="bundled | tiny | TARGET_ID,DRAFT_ID")
+    ap.add_argument("--host", default=env("SPECDEC_HOST", env("GRADIO_SERVER_NAME", "127.0.0.1")))
+    ap.add_argument("--port", type=int, default=int(env("SPECDEC_PORT", env("GRADIO_SERVER_PORT", "7860"))))
+    ap.add_argument("--share", action="store_true", default=env("SPECDEC_SHARE") == "1")
+    ap.add_argument("--device", default=env("SPECDEC_DEVICE", "auto"))
+    ap.add_argument("--dtype", default=env("SPECDEC_DTYPE", "auto"))
+    ap.add_argument("--concurrency", type=int, default=int(env("SPECDEC_CONCURRENCY", "1")),
+                    help="generations run at once (1 keeps timings fair on a CPU)")
+    ap.add_argument("--queue-size", type=int, default=int(env("SPECDEC_QUEUE_SIZE", "32")))
+    args = ap.parse_args(argv)
+
+    hosted = env("SPECDEC_HOSTED") == "1" or bool(env("SPACE_ID"))
+    allowlist = frozenset(x.strip() for x in env("SPECDEC_ALLOWED_MODELS", "").split(",") if x.strip())
+    manager = PairManager(args.device, args.dtype, allow_custom=not hosted, allowlist=allowlist)
+    manager.load_in_background(args.pair)  # the page is up at once and shows loading progress
+    demo = build_app(manager)
+    demo.queue(max_size=args.queue_size, default_concurrency_limit=args.concurrency)
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS, footer_links=["api"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""Event handlers: generators that turn a race into UI outputs. No Gradio layout here."""
+from __future__ import annotations
+
+import time
+
+import gradio as gr
+
+from specdec_core import SpecConfig
+from specdec_core.sampling import NonFiniteLogitsError
+
+from . import plots
+from .race import Race, start_race, step
+from .render import message_html, pane_html
+
+UI_EVERY_S, PLOTS_EVERY_S = 0.12, 0.6  # streaming cadence: text often, figures less often
+
+try:  # on Hugging Face Spaces (ZeroGPU) a GPU is attached only inside decorated calls
+    import spaces
+
+    on_gpu = spaces.GPU(duration=120)
+except ImportError:
+    def on_gpu(fn):
+        return fn
+
+
+def make_config(k, temperature, top_p, top_k, max_new_tokens, seed, adaptive=False) -> SpecConfig:
+    """UI/API values -> SpecConfig; raises ValueError with a readable message."""
+    for name, value in (("k", k), ("max_new_tokens", max_new_tokens), ("top_k", top_k), ("seed", seed)):
+        if value is None or (isinstance(value, str) and not value.strip()):
+            raise ValueError(f"{name} is missing.")
+    return SpecConfig(k=k, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
+                      seed=seed, adaptive=bool(adaptive))
+
+
+def figures(race: Race):
+    return (plots.race_figure(race.plain.events, race.spec.events),
+            plots.speed_figure(race.plain.stats, race.spec.stats),
+            plots.rounds_figure(race.spec.events),
+            plots.position_figure(race.spec.stats))
+
+
+def view(race: Race, with_plots: bool, note: str = ""):
+    """Every output of the race, in the order the UI lists them."""
+    running = not race.done
+    summary = plots.summary_html(race.plain.stats, race.spec.stats, race.identical, running)
+    panes = (pane_html(race.plain.pieces, "waiting…"), pane_html(race.spec.pieces, "waiting…"))
+    figs = figures(race) if with_plots else (gr.skip(),) * 4
+    return (*panes, summary + (message_html(note, "error") if note else ""), *figs, race)
+
+
+def empty_view(message: str, kind: str = "error"):
+    """Leave the panes as they are and say what is wrong."""
+    return (gr.skip(), gr.skip(), message_html(message, kind), *(gr.skip(),) * 4, gr.skip())
+
+
+def race_stream(manager, prompt, k, temperature, top_p, top_k, max_new_tokens, seed, drafter, adaptive):
+    """Generator for the Generate button: yields the panes, summary and figures as the race runs."""
+    pair = manager.pair
+    if pair is None:
+        yield empty_view(manager.status if manager.loading else "No model is loaded: pick a pair and press Load.",
+                         "info")
+        return
+    try:
+        race = start_race(pair, prompt, make_config(k, temperature, top_p, top_k, max_new_tokens, seed, adaptive),
+                          drafter)
+    except ValueError as err:
+        yield empty_view(str(err))
+        return
+    yield from _drive(race, pair.tokenizer)
+
+
+@on_gpu
+def _drive(race: Race, tokenizer):
+    last_ui = last_plots = 0.0
+    try:
+        while step(race, tokenizer):
+            now = time.monotonic()
+            if now - last_ui >= UI_EVERY_S:
+                plots_due = now - last_plots >= PLOTS_EVERY_S
+                yield view(race, plots_due)
+                last_ui, last_plots = now, now if plots_due else last_plots
+    except NonFiniteLogitsError as err:
+        yield view(race, True, f"Stopped: {err}. Try float32 or bfloat16 instead of float16.")
+        return
+    yield view(race, True)
+
+
+def api_generate(manager, prompt: str, k: int = 4, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                 max_new_tokens: int = 128, seed: int = 0, drafter: str = "model") -> dict:
+    """Runs plain and speculative decoding and returns both texts and their statistics."""
+    from .race import run
+
+    pair = manager.pair
+    if pair is None:
+        raise gr.Error("No model is loaded yet: " + manager.status)
+    try:
+        race = start_race(pair, prompt, make_config(k, temperature, top_p, top_k, max_new_tokens, seed), drafter)
+        run(race, pair.tokenizer)
+    except (ValueError, NonFiniteLogitsError) as err:
+        raise gr.Error(str(err)) from None
+    decode = lambda ids: pair.tokenizer.decode(ids, skip_special_tokens=True)
+    spec, plain = race.spec.stats, race.plain.stats
+    return {"text": decode(race.spec.token_ids), "token_ids": race.spec.token_ids,
+            "plain_text": decode(race.plain.token_ids), "identical": race.identical, "pair": pair.name,
+            "speedup": spec.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else None,
+            "stats": spec.to_dict(), "plain_stats": plain.to_dict()}

@@ -1,0 +1,85 @@
+"""Statistics -> Plotly figures, as pure functions of the two event streams."""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from specdec_core.events import RoundEvent, Stats
+
+AR_COLOR, SPEC_COLOR, DRAFT_COLOR, VERIFY_COLOR = "#7a7a7a", "#0072b2", "#e69f00", "#56b4e9"  # Okabe-Ito
+LAYOUT = dict(template="plotly_white", height=300, margin=dict(l=50, r=20, t=50, b=40),
+              font=dict(size=14), legend=dict(orientation="h", y=-0.25))
+
+
+def _fig(title: str, **layout) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(title=dict(text=title, font=dict(size=16)), **{**LAYOUT, **layout})
+    return fig
+
+
+def race_figure(ar: list[RoundEvent], spec: list[RoundEvent]) -> go.Figure:
+    """Tokens generated against each decoder's own elapsed compute time."""
+    fig = _fig("The race: tokens generated over time", xaxis_title="seconds (own compute time)",
+               yaxis_title="tokens")
+    for name, events, color in (("plain decoding", ar, AR_COLOR), ("speculative", spec, SPEC_COLOR)):
+        xs = [0.0] + [e.elapsed_s for e in events]
+        ys = [0] + [e.n_generated for e in events]
+        fig.add_scatter(x=xs, y=ys, name=name, mode="lines+markers", line=dict(color=color, shape="hv", width=3),
+                        marker=dict(size=4))
+    return fig
+
+
+def speed_figure(ar: Stats | None, spec: Stats | None) -> go.Figure:
+    """Tokens per second of each decoder, and where the speculative decoder's time goes."""
+    fig = _fig("Speed, and where the time goes", barmode="stack", yaxis_title="tokens / s")
+    names = ["plain", "speculative"]
+    rates = [s.tokens_per_s if s else 0.0 for s in (ar, spec)]
+    fig.add_bar(x=names, y=rates, marker_color=[AR_COLOR, SPEC_COLOR], name="tokens / s",
+                text=[f"{r:.1f}" for r in rates], textposition="auto", xaxis="x", yaxis="y")
+    parts = [("prefill", "prefill_s", "#cccccc"), ("drafting", "draft_s", DRAFT_COLOR),
+             ("verifying / target steps", "verify_s", VERIFY_COLOR), ("other", "overhead_s", "#999999")]
+    for label, key, color in parts:
+        fig.add_bar(x=[getattr(s, key) for s in (ar, spec) if s is not None],
+                    y=[n for n, s in zip(names, (ar, spec)) if s is not None], orientation="h", name=label,
+                    marker_color=color, xaxis="x2", yaxis="y2")
+    fig.update_layout(xaxis=dict(domain=[0, 0.4]), xaxis2=dict(domain=[0.55, 1], title="seconds"),
+                      yaxis2=dict(anchor="x2"), height=320)
+    return fig
+
+
+def rounds_figure(spec: list[RoundEvent]) -> go.Figure:
+    """Accepted draft tokens in each round, with the draft length K asked for."""
+    fig = _fig("Accepted draft tokens per round", xaxis_title="round", yaxis_title="tokens")
+    rounds = [e.round for e in spec]
+    fig.add_bar(x=rounds, y=[e.accepted for e in spec], name="accepted", marker_color=SPEC_COLOR)
+    fig.add_scatter(x=rounds, y=[len(e.drafted) for e in spec], name="drafted (K)", mode="lines",
+                    line=dict(color=DRAFT_COLOR, dash="dot", shape="hv"))
+    return fig
+
+
+def position_figure(spec_stats: Stats | None) -> go.Figure:
+    """P(accepted | reached) at each draft position: acceptance decays along the draft."""
+    fig = _fig("Acceptance rate by draft position", xaxis_title="draft position", yaxis_title="acceptance",
+               yaxis=dict(range=[0, 1.05]))
+    rates = spec_stats.acceptance_by_position if spec_stats else []
+    fig.add_bar(x=list(range(1, len(rates) + 1)), y=rates, marker_color=SPEC_COLOR, name="acceptance",
+                text=[f"{r:.0%}" for r in rates], textposition="auto")
+    return fig
+
+
+def summary_html(ar: Stats | None, spec: Stats | None, identical: bool | None, running: bool) -> str:
+    """One line of headline numbers (numbers only, no user text, so nothing needs escaping)."""
+    if spec is None or ar is None or not ar.tokens or not spec.tokens:
+        return '<div class="summary">Running…</div>' if running else ""
+    speedup = spec.tokens_per_s / ar.tokens_per_s if ar.tokens_per_s else 0.0
+    parts = [f"<b>Speedup {speedup:.2f}×</b>", f"{spec.tokens_per_s:.1f} vs {ar.tokens_per_s:.1f} tokens/s",
+             f"acceptance rate {spec.acceptance_rate:.0%}",
+             f"{spec.mean_accepted_length:.2f} draft tokens accepted per round "
+             f"({spec.tokens_per_round:.2f} tokens per target pass)"]
+    if running:
+        pass
+    elif identical is None:
+        parts.append("sampling: same distribution as plain decoding, different random draws")
+    else:
+        parts.append("output <b>identical</b> to plain decoding ✓" if identical else
+                     "outputs differ: see the bench's near-tie report (reduced precision)")
+    return f'<div class="summary">{"Running… " if running else ""}{" · ".join(parts)}</div>'

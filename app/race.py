@@ -1,0 +1,85 @@
+"""The race: plain and speculative decoding of the same prompt, interleaved on one device.
+
+Each decoder runs as an event generator with its own clock, which stops while the other one
+works. The driver always advances the decoder whose clock is behind, so what the audience sees at
+any moment is both decoders at the same point of a shared virtual timeline: each is charged only
+its own compute, as if it had the device to itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from specdec_core import SpecConfig, autoregressive_generate, make_drafter, speculative_generate, summarize
+from specdec_core.engine import prepare
+from specdec_core.events import RoundEvent, Stats
+from specdec_core.text import Detokenizer
+
+from .render import Piece, pieces_for
+
+
+@dataclass
+class Lane:
+    name: str
+    stream: Iterator[RoundEvent]
+    detok: Detokenizer
+    events: list[RoundEvent] = field(default_factory=list)
+    pieces: list[Piece] = field(default_factory=list)
+    done: bool = False
+
+    @property
+    def clock(self) -> float:
+        return self.events[-1].elapsed_s if self.events else 0.0
+
+    @property
+    def stats(self) -> Stats | None:
+        return summarize(self.events) if self.events else None
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for e in self.events for t in e.committed]
+
+
+@dataclass
+class Race:
+    plain: Lane
+    spec: Lane
+    cfg: SpecConfig
+
+    @property
+    def done(self) -> bool:
+        return self.plain.done and self.spec.done
+
+    @property
+    def identical(self) -> bool | None:
+        """Greedy runs must match token for token; sampled runs are equal in distribution only."""
+        return self.plain.token_ids == self.spec.token_ids if self.cfg.greedy and self.done else None
+
+
+def start_race(pair, prompt: str, cfg: SpecConfig, drafter: str = "model", plain: bool = True) -> Race:
+    """Validate everything up front (raising ValueError with a message) before any compute starts."""
+    ids = prepare(pair, prompt, cfg)
+    spec = Lane("speculative", speculative_generate(pair, ids, cfg, make_drafter(pair, drafter)),
+                Detokenizer(pair.tokenizer, skip_special_tokens=True))
+    lane = Lane("plain", autoregressive_generate(pair, ids, cfg), Detokenizer(pair.tokenizer, skip_special_tokens=True))
+    lane.done = not plain
+    return Race(lane, spec, cfg)
+
+
+def step(race: Race, tokenizer) -> Lane | None:
+    """Advance the decoder that is behind on the shared clock by one event; None when both are done."""
+    lanes = [lane for lane in (race.plain, race.spec) if not lane.done]
+    if not lanes:
+        return None
+    lane = min(lanes, key=lambda l: l.clock)
+    event = next(lane.stream)
+    lane.events.append(event)
+    lane.pieces.extend(pieces_for(event, lane.detok, tokenizer))
+    lane.done = event.finished
+    return lane
+
+
+def run(race: Race, tokenizer) -> Race:
+    while step(race, tokenizer):
+        pass
+    return race

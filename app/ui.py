@@ -1,0 +1,132 @@
+"""The Gradio interface, composed from small build_* functions."""
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+
+import gradio as gr
+
+from specdec_core.config import MAX_K, MAX_NEW_TOKENS, MAX_TEMPERATURE
+
+from . import handlers
+from .pairs import PRESETS
+from .render import legend_html
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+CSS = (ASSETS / "style.css").read_text()
+
+INTRO = """# Speculative decoding, live
+A small **draft** model guesses the next K tokens; the large **target** model checks all K in **one**
+forward pass, keeps the longest prefix it agrees with and adds one token of its own. The output is
+exactly what the target alone would write (token for token when greedy, the same distribution when
+sampling), but it needs far fewer target passes. Type a prompt and watch both decoders race."""
+
+FAIRNESS = """**How the race is run.** Both decoders share one device, so they take turns: each step goes to the
+decoder that is behind, and each is charged only its own compute time (synchronised on GPUs). The
+timeline you see is that shared clock, as if each had the device to itself, so the race plays at
+about half real speed. Numbers match `python -m specdec_core.bench` on the same prompt."""
+
+RULES = (f"Rules: K 1–{MAX_K}; max new tokens 1–{MAX_NEW_TOKENS}; temperature 0–{MAX_TEMPERATURE:g} "
+         "(below 0.0001 counts as 0 = greedy); top-p in (0, 1]; top-k 0 = off; seed a whole number ≥ 0. "
+         "Prompt text is taken literally: control tokens such as <|im_end|> typed in it are plain text.")
+
+
+def example_prompts() -> list[str]:
+    lines = (ASSETS / "prompts.jsonl").read_text().splitlines()
+    return [json.loads(line)["prompt"] for line in lines if line.strip()]
+
+
+def build_pair_bar(manager):
+    with gr.Row(equal_height=True):
+        preset = next((name for name, spec in PRESETS.items() if spec == manager.spec), None)
+        choice = gr.Dropdown(list(PRESETS), value=preset, label="Model pair (target ← draft)", scale=3)
+        custom = gr.Textbox(label="…or custom TARGET_ID,DRAFT_ID", value=None if preset else manager.spec,
+                            placeholder="Qwen/Qwen2.5-1.5B-Instruct,Qwen/Qwen2.5-0.5B-Instruct",
+                            scale=3, visible=manager.allow_custom)
+        load = gr.Button("Load pair", scale=1)
+    status = gr.Markdown(manager.status, elem_id="pair-status")
+    return choice, custom, load, status
+
+
+def build_controls():
+    prompt = gr.Textbox(label="Prompt", lines=4, max_lines=12, elem_id="prompt",
+                        placeholder="Ask for some code, a summary, a translation…")
+    gr.Examples(example_prompts(), inputs=prompt, label="Examples: code, editing, extraction, summary, chat, math, translation")
+    with gr.Row():
+        k = gr.Slider(1, MAX_K, value=4, step=1, label="K: draft tokens per round")
+        max_new = gr.Slider(1, MAX_NEW_TOKENS, value=96, step=1, label="Max new tokens")
+        temperature = gr.Slider(0, MAX_TEMPERATURE, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+    with gr.Accordion("More settings", open=False):
+        with gr.Row():
+            top_p = gr.Slider(0.01, 1.0, value=1.0, step=0.01, label="Top-p")
+            top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0 = off)")
+            seed = gr.Number(0, precision=0, minimum=0, label="Seed")
+        with gr.Row():
+            drafter = gr.Radio(["model", "prompt-lookup", "early-exit"], value="model", label="Drafter",
+                               info="draft model · n-gram lookup in the prompt (no model) · target's first layers")
+            adaptive = gr.Checkbox(False, label="Adaptive K (grow after full acceptance, shrink after a rejection)")
+        gr.Markdown(RULES)
+    with gr.Row():
+        go = gr.Button("Generate", variant="primary", elem_id="generate")
+        stop = gr.Button("Stop", variant="stop", elem_id="stop")
+    return prompt, [k, temperature, top_p, top_k, max_new, seed, drafter, adaptive], go, stop
+
+
+def build_race():
+    gr.HTML(legend_html())
+    with gr.Row():
+        with gr.Column():
+            gr.HTML('<div class="pane-title">Plain decoding (target only)</div>')
+            plain = gr.HTML(elem_id="plain-pane")
+        with gr.Column():
+            gr.HTML('<div class="pane-title">Speculative decoding (draft + target)</div>')
+            spec = gr.HTML(elem_id="spec-pane")
+    summary = gr.HTML(elem_id="summary")
+    gr.Markdown(FAIRNESS)
+    return plain, spec, summary
+
+
+def build_plots():
+    with gr.Row():
+        race = gr.Plot(label="Race", elem_id="race-plot")
+        speed = gr.Plot(label="Speed")
+    with gr.Row():
+        rounds = gr.Plot(label="Rounds")
+        positions = gr.Plot(label="Acceptance by position")
+    return race, speed, rounds, positions
+
+
+def build_app(manager) -> gr.Blocks:
+    with gr.Blocks(title="specdec: speculative decoding, live") as demo:
+        gr.Markdown(INTRO)
+        choice, custom, load, status = build_pair_bar(manager)
+        prompt, settings, go, stop = build_controls()
+        plain, spec, summary = build_race()
+        figures = build_plots()
+        state = gr.State()
+
+        outputs = [plain, spec, summary, *figures, state]
+        run = go.click(partial(handlers.race_stream, manager), [prompt, *settings], outputs,
+                       api_visibility="private", concurrency_id="gpu")
+        prompt.submit(partial(handlers.race_stream, manager), [prompt, *settings], outputs,
+                      api_visibility="private", concurrency_id="gpu")
+        stop.click(None, cancels=[run])
+
+        def switch(preset, custom_spec):
+            spec = custom_spec.strip() if custom_spec and custom_spec.strip() else PRESETS.get(preset)
+            if not spec:
+                return "Pick a pair from the list or type TARGET_ID,DRAFT_ID."
+            return manager.load(spec)
+
+        load.click(lambda: "Loading… (the current pair keeps serving until the new one is ready)", None, status,
+                   api_visibility="private").then(switch, [choice, custom], status, api_visibility="private")
+        gr.Timer(1.0).tick(lambda: manager.status, None, status, api_visibility="private", show_progress="hidden")
+
+        def api(prompt: str, k: int = 4, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                max_new_tokens: int = 128, seed: int = 0, drafter: str = "model") -> dict:
+            """Generate with plain and speculative decoding; returns the text and the statistics."""
+            return handlers.api_generate(manager, prompt, k, temperature, top_p, top_k, max_new_tokens, seed, drafter)
+
+        gr.api(api, api_name="generate", concurrency_id="gpu")
+    return demo

@@ -1,0 +1,96 @@
+"""Rendering and plotting are pure functions: tested here without a browser."""
+import html
+
+import plotly.graph_objects as go
+import pytest
+
+from app import plots
+from app.race import run, start_race, step
+from app.render import Piece, legend_html, pane_html, pieces_for
+from specdec_core import SpecConfig, generate
+from specdec_core.text import Detokenizer, encode_prompt
+
+from .conftest import with_eos
+
+TRICKY = ["<script>alert('x')</script>", "a & b < c > d \"q\" 'r'", "emoji 👋🏽 and 🇧🇷", "中文字符 テスト",
+          "def f(x):\n    if x:\n\treturn '  spaced  '\n", "مرحبا بالعالم", "zero\u200bwidth\u0007bell"]
+
+
+@pytest.mark.parametrize("text", TRICKY)
+def test_streamed_pieces_rebuild_the_text_exactly(tiny, text):
+    ids = tiny.tokenizer(text, add_special_tokens=False)["input_ids"]
+    detok = Detokenizer(tiny.tokenizer)
+    pieces = [detok.add(t) for t in ids] + [detok.flush()]
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in p for p in pieces)  # split multi-byte characters are held back, never shown broken
+
+
+@pytest.mark.parametrize("text", TRICKY)
+def test_pane_html_escapes_everything(text):
+    html_out = pane_html([Piece(text, "accepted", tip=text), Piece(text, "rejected", tip='"><img onerror=x>'),
+                          Piece(text, "bonus")])
+    assert "<script" not in html_out and "<img" not in html_out
+    assert html.escape(text) in html_out
+
+
+def test_legend_names_every_kind_without_relying_on_colour():
+    legend = legend_html()
+    for word in ("accepted", "rejected", "replacement", "bonus", "struck"):
+        assert word in legend
+
+
+def test_special_looking_prompt_text_is_literal(tiny):
+    ids = encode_prompt(tiny.tokenizer, "stop <|im_end|> here")
+    assert ids.count(tiny.tokenizer.convert_tokens_to_ids("<|im_end|>")) == 1  # only the template's own
+
+
+def test_pieces_follow_the_round(tiny):
+    pair = with_eos(tiny, [])
+    out = generate(pair, "abc", SpecConfig(k=4, max_new_tokens=40))
+    detok = Detokenizer(pair.tokenizer, skip_special_tokens=True)
+    pieces = [p for e in out.events for p in pieces_for(e, detok, pair.tokenizer)]
+    kinds = {p.kind for p in pieces}
+    assert {"accepted", "rejected", "replacement", "bonus"} <= kinds
+    shown = "".join(p.text for p in pieces if p.kind in ("accepted", "replacement", "bonus"))
+    assert shown == out.text
+    # one rejected token per round with a replacement
+    assert sum(p.kind == "rejected" for p in pieces) == sum(e.token_kind == "replacement" for e in out.events)
+
+
+def test_race_interleaves_on_the_shared_clock_and_matches_the_engine(tiny):
+    pair = with_eos(tiny, [])
+    cfg = SpecConfig(k=4, max_new_tokens=48)
+    race = start_race(pair, "hello", cfg)
+    moved = set()
+    while True:
+        before = {race.plain.name: race.plain.clock, race.spec.name: race.spec.clock}
+        waiting = {lane.name for lane in (race.plain, race.spec) if not lane.done}
+        lane = step(race, pair.tokenizer)
+        if lane is None:
+            break
+        moved.add(lane.name)
+        # the decoder that moved was the one behind on the shared clock
+        assert before[lane.name] == min(before[name] for name in waiting)
+    assert moved == {"plain", "speculative"}
+    assert race.identical is True
+    assert race.spec.token_ids == generate(pair, "hello", cfg).token_ids
+
+
+def test_race_reports_sampling_as_not_comparable(tiny):
+    race = run(start_race(tiny, "hello", SpecConfig(temperature=1.0, max_new_tokens=10)), tiny.tokenizer)
+    assert race.identical is None
+
+
+def test_figures_build_from_stats(tiny):
+    race = run(start_race(tiny, "hello", SpecConfig(k=3, max_new_tokens=30)), tiny.tokenizer)
+    figs = [plots.race_figure(race.plain.events, race.spec.events), plots.speed_figure(race.plain.stats, race.spec.stats),
+            plots.rounds_figure(race.spec.events), plots.position_figure(race.spec.stats)]
+    assert all(isinstance(f, go.Figure) for f in figs)
+    race_fig = figs[0]
+    assert race_fig.data[0].y[-1] == race.plain.events[-1].n_generated
+    assert race_fig.data[1].x[-1] == pytest.approx(race.spec.events[-1].elapsed_s)
+    assert list(figs[3].data[0].y) == race.spec.stats.acceptance_by_position
+    summary = plots.summary_html(race.plain.stats, race.spec.stats, race.identical, False)
+    assert "Speedup" in summary and "identical" in summary
+    # empty inputs (before the first event) must not crash either
+    plots.race_figure([], []), plots.speed_figure(None, None), plots.rounds_figure([]), plots.position_figure(None)

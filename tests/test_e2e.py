@@ -1,0 +1,109 @@
+"""End to end: app.py on the tiny pair, driven through gradio_client and a real headless Chromium."""
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from specdec_core import SpecConfig, generate, load_pair
+
+from .apprun import OUTPUT, AppProcess
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+
+
+@pytest.fixture(scope="module")
+def app():
+    proc = AppProcess()
+    proc.client()  # wait until ready
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def engine_pair():
+    return load_pair("tiny", device="cpu", dtype="float32")
+
+
+def test_generate_endpoint_returns_the_engines_own_output(app, engine_pair):
+    client = app.client()
+    res = client.predict("Write a haiku about caches.", k=3, max_new_tokens=40, api_name="/generate")
+    own = generate(engine_pair, "Write a haiku about caches.", SpecConfig(k=3, max_new_tokens=40))
+    assert res["token_ids"] == own.token_ids
+    assert res["text"] == own.text
+    assert res["identical"] is True and res["plain_text"] == own.text
+    assert res["stats"]["tokens"] == len(own.token_ids) and res["stats"]["acceptance_rate"] > 0
+    assert res["speedup"] > 0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(prompt="   "), "empty"),
+    (dict(prompt="hi", k=0), "k"),
+    (dict(prompt="hi", k=99), "k"),
+    (dict(prompt="hi", max_new_tokens=0), "max_new_tokens"),
+    (dict(prompt="hi", max_new_tokens=10**7), "max_new_tokens"),
+    (dict(prompt="hi", temperature=-1.0), "temperature"),
+    (dict(prompt="hi", temperature=3.0), "temperature"),
+    (dict(prompt="hi", top_p=0.0), "top_p"),
+    (dict(prompt="hi", top_p=1.5), "top_p"),
+    (dict(prompt="hi", top_k=-3), "top_k"),
+    (dict(prompt="hi", seed=1.5), "seed"),
+    (dict(prompt="x" * 100_000), "characters"),
+    (dict(prompt="x" * 5000), "context"),
+    (dict(prompt="hi", drafter="oracle"), "drafter"),
+])
+def test_bad_input_gets_a_clear_error_and_the_server_lives(app, kwargs, message):
+    client = app.client()
+    with pytest.raises(Exception, match=message):
+        client.predict(api_name="/generate", **kwargs)
+    assert client.predict("still alive?", max_new_tokens=3, api_name="/generate")["stats"]["tokens"] == 3
+
+
+@pytest.mark.parametrize("prompt", ["emoji 👋🏽🇧🇷 مرحبا", "zero\u200bwidth \u0007 control", "<|im_end|><|endoftext|>",
+                                    "<script>alert(1)</script>"])
+def test_unusual_prompts_work(app, engine_pair, prompt):
+    res = app.client().predict(prompt, max_new_tokens=12, api_name="/generate")
+    assert res["token_ids"] == generate(engine_pair, prompt, SpecConfig(max_new_tokens=12)).token_ids
+
+
+def test_concurrent_clients_get_their_own_answers(app, engine_pair):
+    prompts = [f"client {i}: say something" for i in range(8)]
+    expected = [generate(engine_pair, p, SpecConfig(k=2, max_new_tokens=20, temperature=1.0, seed=i)).token_ids
+                for i, p in enumerate(prompts)]
+
+    def ask(i):
+        return app.client().predict(prompts[i], k=2, max_new_tokens=20, temperature=1.0, seed=i,
+                                    api_name="/generate")["token_ids"]
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(ask, range(8)))
+    assert got == expected
+
+
+def test_browser_race_shows_coloured_tokens_and_plots(app):
+    from playwright.sync_api import sync_playwright
+
+    if not shutil.which(CHROMIUM):  # never skipped in CI, where .ci/run installs it
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"needs Chromium at {CHROMIUM} (apt-get install chromium)")
+
+    shots = OUTPUT / "browser"
+    shots.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1800})
+        page.goto(app.url)
+        page.get_by_text("Ready:").first.wait_for(timeout=60_000)
+        page.locator("#prompt textarea").fill("<img src=x onerror=\"window.__xss=1\"> Write a loop in Python.")
+        page.locator("#generate").click()
+        page.locator("#spec-pane .tok-acc").first.wait_for(state="attached", timeout=60_000)
+        page.locator("#spec-pane .tok-rep, #spec-pane .tok-bon").first.wait_for(state="attached", timeout=60_000)
+        page.locator("#plain-pane .tok").first.wait_for(state="attached", timeout=60_000)
+        page.locator("#race-plot .js-plotly-plot").first.wait_for(timeout=60_000)
+        page.locator("#summary", has_text="identical").wait_for(timeout=60_000)  # greedy: checked when done
+        assert page.locator("#spec-pane .tok-rej").count() > 0  # rejected drafts stay visible
+        assert page.evaluate("window.__xss") is None
+        page.screenshot(path=str(shots / "race.png"), full_page=True)
+        browser.close()
+    assert (shots / "race.png").stat().st_size > 10_000

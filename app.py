@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from app.limits import VisitorLimits
 from app.pairs import PairManager
 from app.ui import CSS, build_app
 
@@ -11,7 +12,7 @@ from app.ui import CSS, build_app
 def main(argv=None):
     env = os.environ.get
     ap = argparse.ArgumentParser(description="Speculative decoding, live: a race against plain decoding.")
-    ap.add_argument("--pair", default=env("SPECDEC_PAIR", "bundled"), help="bundled | tiny | TARGET_ID,DRAFT_ID")
+    ap.add_argument("--pair", default=env("SPECDEC_PAIR", "bundled"), help="bundled | tiny | TARGET_ID,DRAFT_ID | none")
     ap.add_argument("--host", default=env("SPECDEC_HOST", env("GRADIO_SERVER_NAME", "127.0.0.1")))
     ap.add_argument("--port", type=int, default=int(env("SPECDEC_PORT", env("GRADIO_SERVER_PORT", "7860"))))
     ap.add_argument("--share", action="store_true", default=env("SPECDEC_SHARE") == "1")
@@ -25,8 +26,12 @@ def main(argv=None):
     hosted = env("SPECDEC_HOSTED") == "1" or bool(env("SPACE_ID"))
     allowlist = frozenset(x.strip() for x in env("SPECDEC_ALLOWED_MODELS", "").split(",") if x.strip())
     manager = PairManager(args.device, args.dtype, allow_custom=not hosted, allowlist=allowlist)
-    manager.load_in_background(args.pair)  # the page is up at once and shows loading progress
-    demo = build_app(manager)
+    limits = VisitorLimits(int(env("SPECDEC_VISITOR_TOKENS", "20000"))) if hosted else None
+    if args.pair == "none":  # e.g. a lecture laptop that only replays recorded traces
+        manager.status = "No model loaded: replay a trace, or pick a pair and press Load."
+    else:
+        manager.load_in_background(args.pair)  # the page is up at once and shows loading progress
+    demo = build_app(manager, limits)
     demo.queue(max_size=args.queue_size, default_concurrency_limit=args.concurrency)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS, footer_links=["api"])
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import gradio as gr
 
@@ -9,7 +10,8 @@ from specdec_core import SpecConfig
 from specdec_core.sampling import NonFiniteLogitsError
 
 from . import plots
-from .race import Race, start_race, step
+from .limits import visitor_of
+from .race import Race, run, start_race, step
 from .render import message_html, pane_html
 
 UI_EVERY_S, PLOTS_EVERY_S = 0.12, 0.6  # streaming cadence: text often, figures less often
@@ -53,27 +55,37 @@ def empty_view(message: str, kind: str = "error"):
     return (gr.skip(), gr.skip(), message_html(message, kind), *(gr.skip(),) * 4, gr.skip())
 
 
-def race_stream(manager, prompt, k, temperature, top_p, top_k, max_new_tokens, seed, drafter, adaptive):
+@contextmanager
+def admitted(limits, request, cfg: SpecConfig):
+    if limits is None:
+        yield
+    else:
+        with limits.admit(visitor_of(request), 2 * cfg.max_new_tokens):  # both decoders
+            yield
+
+
+def race_stream(manager, limits, prompt, k, temperature, top_p, top_k, max_new_tokens, seed, drafter, adaptive,
+                request: gr.Request = None):
     """Generator for the Generate button: yields the panes, summary and figures as the race runs."""
-    pair = manager.pair
+    pair = manager.pair  # this run keeps this pair even if another one is loaded meanwhile
     if pair is None:
         yield empty_view(manager.status if manager.loading else "No model is loaded: pick a pair and press Load.",
                          "info")
         return
     try:
-        race = start_race(pair, prompt, make_config(k, temperature, top_p, top_k, max_new_tokens, seed, adaptive),
-                          drafter)
+        cfg = make_config(k, temperature, top_p, top_k, max_new_tokens, seed, adaptive)
+        race = start_race(pair, prompt, cfg, drafter)
+        with admitted(limits, request, cfg):
+            yield from _drive(race)
     except ValueError as err:
         yield empty_view(str(err))
-        return
-    yield from _drive(race, pair.tokenizer)
 
 
 @on_gpu
-def _drive(race: Race, tokenizer):
+def _drive(race: Race):
     last_ui = last_plots = 0.0
     try:
-        while step(race, tokenizer):
+        while step(race):
             now = time.monotonic()
             if now - last_ui >= UI_EVERY_S:
                 plots_due = now - last_plots >= PLOTS_EVERY_S
@@ -85,17 +97,17 @@ def _drive(race: Race, tokenizer):
     yield view(race, True)
 
 
-def api_generate(manager, prompt: str, k: int = 4, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                 max_new_tokens: int = 128, seed: int = 0, drafter: str = "model") -> dict:
+def api_generate(manager, limits, prompt, k, temperature, top_p, top_k, max_new_tokens, seed, drafter,
+                 request=None) -> dict:
     """Runs plain and speculative decoding and returns both texts and their statistics."""
-    from .race import run
-
     pair = manager.pair
     if pair is None:
         raise gr.Error("No model is loaded yet: " + manager.status)
     try:
-        race = start_race(pair, prompt, make_config(k, temperature, top_p, top_k, max_new_tokens, seed), drafter)
-        run(race, pair.tokenizer)
+        cfg = make_config(k, temperature, top_p, top_k, max_new_tokens, seed)
+        race = start_race(pair, prompt, cfg, drafter)
+        with admitted(limits, request, cfg):
+            on_gpu(run)(race)
     except (ValueError, NonFiniteLogitsError) as err:
         raise gr.Error(str(err)) from None
     decode = lambda ids: pair.tokenizer.decode(ids, skip_special_tokens=True)

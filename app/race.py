@@ -13,7 +13,7 @@ from typing import Iterator
 from specdec_core import SpecConfig, autoregressive_generate, make_drafter, speculative_generate, summarize
 from specdec_core.engine import prepare
 from specdec_core.events import RoundEvent, Stats
-from specdec_core.text import Detokenizer
+from specdec_core.text import Detokenizer, token_text
 
 from .render import Piece, pieces_for
 
@@ -45,6 +45,14 @@ class Race:
     plain: Lane
     spec: Lane
     cfg: SpecConfig
+    tokenizer: object = None  # None for a replayed trace, whose labels came with it
+    labels: dict[int, str] = field(default_factory=dict)  # token id -> its text on its own (inspector, traces)
+    meta: dict = field(default_factory=dict)  # pair, device, dtype, prompt
+
+    def label(self, token: int) -> str:
+        if token not in self.labels:
+            self.labels[token] = token_text(self.tokenizer, token) if self.tokenizer is not None else f"#{token}"
+        return self.labels[token]
 
     @property
     def done(self) -> bool:
@@ -63,10 +71,12 @@ def start_race(pair, prompt: str, cfg: SpecConfig, drafter: str = "model", plain
                 Detokenizer(pair.tokenizer, skip_special_tokens=True))
     lane = Lane("plain", autoregressive_generate(pair, ids, cfg), Detokenizer(pair.tokenizer, skip_special_tokens=True))
     lane.done = not plain
-    return Race(lane, spec, cfg)
+    meta = {"pair": pair.name, "target": pair.info.get("target"), "draft": pair.info.get("draft"), "drafter": drafter,
+            "device": str(pair.device), "dtype": str(pair.dtype).replace("torch.", ""), "prompt": prompt}
+    return Race(lane, spec, cfg, pair.tokenizer, meta=meta)
 
 
-def step(race: Race, tokenizer) -> Lane | None:
+def step(race: Race) -> Lane | None:
     """Advance the decoder that is behind on the shared clock by one event; None when both are done."""
     lanes = [lane for lane in (race.plain, race.spec) if not lane.done]
     if not lanes:
@@ -74,12 +84,12 @@ def step(race: Race, tokenizer) -> Lane | None:
     lane = min(lanes, key=lambda l: l.clock)
     event = next(lane.stream)
     lane.events.append(event)
-    lane.pieces.extend(pieces_for(event, lane.detok, tokenizer))
+    lane.pieces.extend(pieces_for(event, lane.detok, race.tokenizer))
     lane.done = event.finished
     return lane
 
 
-def run(race: Race, tokenizer) -> Race:
-    while step(race, tokenizer):
+def run(race: Race) -> Race:
+    while step(race):
         pass
     return race

@@ -9,7 +9,7 @@ import gradio as gr
 
 from specdec_core.config import MAX_K, MAX_NEW_TOKENS, MAX_TEMPERATURE
 
-from . import handlers
+from . import handlers, teach
 from .pairs import PRESETS
 from .render import legend_html
 
@@ -97,21 +97,92 @@ def build_plots():
     return race, speed, rounds, positions
 
 
-def build_app(manager) -> gr.Blocks:
+EXPLAIN_EN = """**Why the output does not change.** Each drafted token x is kept with probability min(1, p(x)/q(x)),
+where p is the target's probability and q the draft's. When it is rejected, the target's token is drawn from
+max(0, p − q), renormalised: exactly the probability mass the draft under-covered. The two cases add up to p,
+so every token has the target's own distribution (greedy: keep a draft token only if it is the target's argmax).
+
+**Why it is faster.** One target pass scores all K drafts at once, and on memory-bound hardware a pass over
+K+1 tokens costs little more than over one. With acceptance rate a, a round yields (1 − a^(K+1)) / (1 − a)
+tokens for the price of K draft steps and one target pass."""
+
+EXPLAIN_PT = """**Por que a saída não muda.** Cada token rascunhado x é mantido com probabilidade min(1, p(x)/q(x)), onde p é
+a probabilidade do modelo alvo e q a do rascunho. Quando é rejeitado, o token do alvo é sorteado de
+max(0, p − q), renormalizada: exatamente a massa que o rascunho cobriu de menos. Os dois casos somam p, então
+cada token tem a distribuição do próprio alvo (no modo guloso: mantém o rascunho só se for o argmax do alvo).
+
+**Por que é mais rápido.** Uma passada do alvo avalia os K rascunhos de uma vez e, em hardware limitado por
+memória, uma passada sobre K+1 tokens custa pouco mais que sobre um. Com taxa de aceitação a, cada rodada rende
+(1 − a^(K+1)) / (1 − a) tokens pelo preço de K passos do rascunho e uma passada do alvo."""
+
+
+def build_teaching():
+    with gr.Accordion("Inspect a drafted token", open=False):
+        with gr.Row():
+            round_no = gr.Slider(1, MAX_NEW_TOKENS, value=1, step=1, label="Round")
+            position = gr.Slider(1, MAX_K + 1, value=1, step=1, label="Position in the round (K+1 = target's token)")
+        decision = gr.HTML()
+        decision_plot = gr.Plot(label="p vs q")
+    with gr.Accordion("Theory next to measurement", open=False):
+        gr.Markdown("Predicted speedup for K = 1..8 from this run's measured acceptance rate a, draft cost c "
+                    "(one draft step / one target step) and verify cost; the dotted curve is the paper's model, "
+                    "which assumes a K+1-token pass costs one step.")
+        sweep_note = gr.HTML()
+        theory_plot = gr.Plot(label="Theory")
+        with gr.Row():
+            show_theory = gr.Button("Fill from the last run")
+            sweep = gr.Button("Sweep K = 1..8 on this prompt (up to 64 tokens each)")
+    with gr.Accordion("Step through, export and replay", open=False):
+        with gr.Row():
+            step = gr.Button("Step one round", elem_id="step")
+            export = gr.Button("Export the last run as a trace")
+            trace_out = gr.File(label="Trace (JSON)", interactive=False)
+        with gr.Row():
+            trace_in = gr.File(label="Replay a trace (no model needed)", file_types=[".json"])
+            speed = gr.Slider(0.25, 8, value=1, step=0.25, label="Replay speed")
+            replay = gr.Button("Replay")
+    with gr.Accordion("How it works / Como funciona", open=False):
+        with gr.Tabs():
+            with gr.Tab("English"):
+                gr.Markdown(EXPLAIN_EN)
+            with gr.Tab("Português (Brasil)"):
+                gr.Markdown(EXPLAIN_PT)
+    return dict(round_no=round_no, position=position, decision=decision, decision_plot=decision_plot,
+                sweep_note=sweep_note, theory_plot=theory_plot, show_theory=show_theory, sweep=sweep, step=step,
+                export=export, trace_out=trace_out, trace_in=trace_in, speed=speed, replay=replay)
+
+
+def wire_teaching(t, manager, state, prompt, settings, outputs):
+    private = dict(api_visibility="private")
+    for control in (t["round_no"], t["position"]):
+        control.change(teach.inspect, [state, t["round_no"], t["position"]], [t["decision"], t["decision_plot"]],
+                       **private)
+    state.change(teach.inspect, [state, t["round_no"], t["position"]], [t["decision"], t["decision_plot"]], **private)
+    t["show_theory"].click(teach.theory, state, t["theory_plot"], **private)
+    t["sweep"].click(partial(teach.sweep, manager), [prompt, *settings], [t["sweep_note"], t["theory_plot"]],
+                     concurrency_id="gpu", **private)
+    t["step"].click(partial(teach.step_round, manager), [state, prompt, *settings], outputs, concurrency_id="gpu",
+                    **private)
+    t["export"].click(teach.export, state, t["trace_out"], **private)
+    t["replay"].click(teach.replay, [t["trace_in"], t["speed"]], outputs, **private)
+
+
+def build_app(manager, limits=None) -> gr.Blocks:
     with gr.Blocks(title="specdec: speculative decoding, live") as demo:
         gr.Markdown(INTRO)
         choice, custom, load, status = build_pair_bar(manager)
         prompt, settings, go, stop = build_controls()
         plain, spec, summary = build_race()
         figures = build_plots()
+        teaching = build_teaching()
         state = gr.State()
 
         outputs = [plain, spec, summary, *figures, state]
-        run = go.click(partial(handlers.race_stream, manager), [prompt, *settings], outputs,
-                       api_visibility="private", concurrency_id="gpu")
-        prompt.submit(partial(handlers.race_stream, manager), [prompt, *settings], outputs,
-                      api_visibility="private", concurrency_id="gpu")
-        stop.click(None, cancels=[run])
+        race = partial(handlers.race_stream, manager, limits)
+        run = go.click(race, [prompt, *settings], outputs, api_visibility="private", concurrency_id="gpu")
+        submit = prompt.submit(race, [prompt, *settings], outputs, api_visibility="private", concurrency_id="gpu")
+        stop.click(None, cancels=[run, submit])
+        wire_teaching(teaching, manager, state, prompt, settings, outputs)
 
         def switch(preset, custom_spec):
             spec = custom_spec.strip() if custom_spec and custom_spec.strip() else PRESETS.get(preset)
@@ -124,9 +195,10 @@ def build_app(manager) -> gr.Blocks:
         gr.Timer(1.0).tick(lambda: manager.status, None, status, api_visibility="private", show_progress="hidden")
 
         def api(prompt: str, k: int = 4, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                max_new_tokens: int = 128, seed: int = 0, drafter: str = "model") -> dict:
+                max_new_tokens: int = 128, seed: int = 0, drafter: str = "model", request: gr.Request = None) -> dict:
             """Generate with plain and speculative decoding; returns the text and the statistics."""
-            return handlers.api_generate(manager, prompt, k, temperature, top_p, top_k, max_new_tokens, seed, drafter)
+            return handlers.api_generate(manager, limits, prompt, k, temperature, top_p, top_k, max_new_tokens, seed,
+                                         drafter, request)
 
         gr.api(api, api_name="generate", concurrency_id="gpu")
     return demo

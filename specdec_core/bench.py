@@ -19,7 +19,7 @@ import torch
 
 from . import SpecConfig, generate, load_pair, make_drafter
 from .engine import prepare
-from .theory import expected_speedup
+from .theory import expected_speedup, measured_costs
 
 STAT_KEYS = ("tokens", "seconds", "tokens_per_s")
 SPEC_KEYS = STAT_KEYS + ("acceptance_rate", "accepted_fraction", "mean_accepted_length", "tokens_per_round",
@@ -65,10 +65,8 @@ def hf_assisted(pair, prompt_ids: list[int], cfg: SpecConfig, constant_k: bool) 
 
 def predicted_speedup(ar, spec, k: int) -> float:
     """What the cost model predicts from this run's own measurements (acceptance, step times)."""
-    step = (ar.seconds - ar.prefill_s) / max(ar.tokens, 1)  # target one-token step
-    c = spec.draft_s / max(spec.rounds * k, 1) / step
-    v = spec.verify_s / max(spec.rounds, 1) / step
-    return expected_speedup(spec.acceptance_rate, k, c, v)
+    a, c, v = measured_costs(ar, spec, k)
+    return expected_speedup(a, k, c, v)
 
 
 def run_prompt(pair, item, cfg, drafter_name, compare_hf) -> dict:

@@ -79,8 +79,13 @@ def make_pair(name, target, draft, tokenizer, device, dtype, info=None) -> Pair:
 
 
 def load_pair(target: str = "bundled", draft: str | None = None, device: str = "auto", dtype: str = "auto",
-              progress: Progress | None = None, cache_dir: str | os.PathLike | None = None) -> Pair:
-    """"bundled" (offline default), "tiny" (random, for tests), or a target and draft hub id / local dir."""
+              progress: Progress | None = None, cache_dir: str | os.PathLike | None = None,
+              draft_int8: bool | str = "auto") -> Pair:
+    """"bundled" (offline default), "tiny" (random, for tests), or a target and draft hub id / local dir.
+
+    draft_int8: int8 weight-only draft ("auto": on CPUs, where it cuts the draft step by about a third
+    with the same acceptance). It changes the draft's speed and guesses, never the output.
+    """
     progress = progress or (lambda f, m: None)
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
@@ -92,10 +97,16 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
                          {"target": "tiny-target", "draft": "tiny-draft (perturbed copy)"})
     if target == "bundled":
         from .bundled import load_bundled
-        return load_bundled(dev, dt, progress, cache_dir)
-    if draft is None:
+        pair = load_bundled(dev, dt, progress, cache_dir)
+    elif draft is None:
         raise ValueError("A custom pair needs both a target and a draft model id (or directory).")
-    return load_hub_pair(target, draft, dev, dt, progress)
+    else:
+        pair = load_hub_pair(target, draft, dev, dt, progress)
+    if draft_int8 is True or (draft_int8 == "auto" and dev.type == "cpu"):
+        from .quant import cheapen_draft
+        cheapen_draft(pair.draft, int8=True)
+        pair.info["draft_quant"] = "int8 weight-only, per channel"
+    return pair
 
 
 def load_hub_pair(target_id: str, draft_id: str, device: torch.device, dtype: torch.dtype,

@@ -17,7 +17,8 @@ class NonFiniteLogitsError(RuntimeError):
 def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """[..., V] logits -> [..., V] float32 probabilities."""
     logits = logits.float()
-    if not bool(torch.isfinite(logits).all()):
+    # -inf is a legitimate mask (a pruned draft head); NaN and +inf are failures
+    if bool(torch.isnan(logits).any() | torch.isposinf(logits).any()):
         raise NonFiniteLogitsError("the model produced NaN or infinite logits; nothing was sampled from them")
     if temperature == 0.0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()

@@ -23,3 +23,16 @@ def expected_speedup(a: float, k: int, c: float, v: float = 1.0) -> float:
 
 def best_k(a: float, c: float, v_of_k=lambda k: 1.0, k_max: int = 16) -> int:
     return max(range(1, k_max + 1), key=lambda k: expected_speedup(a, k, c, v_of_k(k)))
+
+
+def measured_costs(ar, spec, k: int) -> tuple[float, float, float]:
+    """(a, c, v) from one run's own Stats: acceptance rate, draft step / target step, verify pass / target step."""
+    step = (ar.seconds - ar.prefill_s) / max(ar.tokens, 1)  # the target's one-token step
+    c = spec.draft_s / max(spec.drafted, 1) / step if step > 0 else 0.0
+    v = spec.verify_s / max(spec.rounds, 1) / step if step > 0 else 1.0
+    return spec.acceptance_rate, c, v
+
+
+def verify_cost_at(v: float, k_measured: int, k: int) -> float:
+    """The verify pass's relative cost at another k, assuming it grows linearly with the tokens scored."""
+    return 1.0 + (v - 1.0) * k / max(k_measured, 1)

@@ -65,7 +65,7 @@ def test_race_interleaves_on_the_shared_clock_and_matches_the_engine(tiny):
     while True:
         before = {race.plain.name: race.plain.clock, race.spec.name: race.spec.clock}
         waiting = {lane.name for lane in (race.plain, race.spec) if not lane.done}
-        lane = step(race, pair.tokenizer)
+        lane = step(race)
         if lane is None:
             break
         moved.add(lane.name)
@@ -77,12 +77,12 @@ def test_race_interleaves_on_the_shared_clock_and_matches_the_engine(tiny):
 
 
 def test_race_reports_sampling_as_not_comparable(tiny):
-    race = run(start_race(tiny, "hello", SpecConfig(temperature=1.0, max_new_tokens=10)), tiny.tokenizer)
+    race = run(start_race(tiny, "hello", SpecConfig(temperature=1.0, max_new_tokens=10)))
     assert race.identical is None
 
 
 def test_figures_build_from_stats(tiny):
-    race = run(start_race(tiny, "hello", SpecConfig(k=3, max_new_tokens=30)), tiny.tokenizer)
+    race = run(start_race(tiny, "hello", SpecConfig(k=3, max_new_tokens=30)))
     figs = [plots.race_figure(race.plain.events, race.spec.events), plots.speed_figure(race.plain.stats, race.spec.stats),
             plots.rounds_figure(race.spec.events), plots.position_figure(race.spec.stats)]
     assert all(isinstance(f, go.Figure) for f in figs)

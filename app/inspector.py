@@ -1,0 +1,77 @@
+"""One drafted token's decision, from the numbers the engine recorded in its event (nothing recomputed)."""
+from __future__ import annotations
+
+import html
+
+import plotly.graph_objects as go
+
+from specdec_core.events import RoundEvent
+from specdec_core.theory import expected_speedup, measured_costs, verify_cost_at
+
+from .plots import AR_COLOR, DRAFT_COLOR, LAYOUT, SPEC_COLOR, _fig
+
+
+def decision_text(e: RoundEvent, i: int, label) -> str:
+    """What happened at draft position i (0-based) of round e, in words; i == len(drafted) is the target's token."""
+    n = e.accepted
+    if i >= len(e.drafted) or i > n:
+        if i > n and i < len(e.drafted):
+            return f"Position {i + 1} was drafted after the rejection at position {n + 1}: discarded without a check."
+        kind = "bonus token (all drafts accepted)" if e.token_kind == "bonus" else "target's own token"
+        return f"The {kind}: {label(e.token)!r}, p = {e.p_token:.3f}."
+    x, p, q = label(e.drafted[i]), e.p_drafted[i], e.q_drafted[i]
+    if e.greedy:
+        target_best = label(e.target_top[i][0][0]) if e.target_top[i] else "?"
+        verdict = "equal: accepted" if i < n else f"different: rejected, the target's {target_best!r} replaces it"
+        return f"Greedy. Draft proposed {x!r}; the target's argmax is {target_best!r}: {verdict}."
+    a, u = e.accept_probs[i], e.uniforms[i]
+    text = (f"Draft proposed {x!r} with q = {q:.3f}; the target gives it p = {p:.3f}. "
+            f"Accept with probability min(1, p/q) = {a:.3f}; drawn u = {u:.3f} ")
+    if i < n:
+        return text + f"< {a:.3f}: accepted."
+    top = ", ".join(f"{label(t)!r} {v:.2f}" for t, v in (e.residual_top or [])[:3])
+    return text + (f"≥ {a:.3f}: rejected. The replacement {label(e.token)!r} was sampled from the residual "
+                   f"max(0, p − q), normalised (top: {top}).")
+
+
+def decision_figure(e: RoundEvent, i: int, label) -> go.Figure:
+    """Top target (p) and draft (q) probabilities at the position, the drafted token outlined."""
+    fig = _fig(f"Round {e.round}, position {i + 1}: p (target) vs q (draft)" + (" — model probabilities, greedy"
+                                                                               if e.greedy else ""),
+               barmode="group", yaxis_title="probability", yaxis=dict(range=[0, 1.05]))
+    if i >= len(e.target_top):
+        return fig
+    p_top = dict(e.target_top[i])
+    q_top = dict(e.draft_top[i]) if i < len(e.draft_top) else {}
+    ids = list(dict.fromkeys([*p_top, *q_top]))
+    names = [html.escape(repr(label(t))) for t in ids]
+    drafted = e.drafted[i] if i < len(e.drafted) else None
+    outline = [3 if t == drafted else 0 for t in ids]
+    fig.add_bar(x=names, y=[p_top.get(t, 0) for t in ids], name="p: target", marker_color=SPEC_COLOR,
+                marker_line=dict(width=outline, color="#000"))
+    if q_top:
+        fig.add_bar(x=names, y=[q_top.get(t, 0) for t in ids], name="q: draft", marker_color=DRAFT_COLOR,
+                    marker_line=dict(width=outline, color="#000"))
+    if e.residual_top and i == e.accepted:
+        r = dict(e.residual_top)
+        fig.add_bar(x=names, y=[r.get(t, 0) for t in ids], name="residual", marker_color=AR_COLOR)
+    return fig
+
+
+def theory_figure(ar_stats, spec_stats, k: int, sweep: list[tuple[int, float]] | None = None) -> go.Figure:
+    """Predicted speedup against K from this run's a, c and verify cost, with the measured point(s)."""
+    fig = _fig("Theory vs measurement: speedup against K", xaxis_title="K (draft length)", yaxis_title="speedup (×)")
+    if not ar_stats or not spec_stats or not spec_stats.drafted:
+        return fig
+    a, c, v = measured_costs(ar_stats, spec_stats, k)
+    ks = list(range(1, 9))
+    fig.add_scatter(x=ks, y=[expected_speedup(a, j, c) for j in ks], name=f"Leviathan et al. (a={a:.2f}, c={c:.2f})",
+                    line=dict(color=AR_COLOR, dash="dot"))
+    fig.add_scatter(x=ks, y=[expected_speedup(a, j, c, verify_cost_at(v, k, j)) for j in ks],
+                    name=f"with the real verify cost ({v:.2f}× a step at K={k})", line=dict(color=SPEC_COLOR))
+    measured = sweep or [(k, spec_stats.tokens_per_s / ar_stats.tokens_per_s)]
+    fig.add_scatter(x=[m[0] for m in measured], y=[m[1] for m in measured], mode="markers", name="measured",
+                    marker=dict(size=12, color=DRAFT_COLOR, symbol="diamond"))
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#999")
+    fig.update_layout(**{**LAYOUT, "height": 340})
+    return fig

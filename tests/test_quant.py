@@ -1,0 +1,39 @@
+"""A cheaper draft (int8 weights, pruned head) changes acceptance only, never the output."""
+import copy
+import dataclasses
+
+import torch
+
+from specdec_core import SpecConfig, generate
+from specdec_core.quant import Int8Linear, PrunedHead, cheapen_draft
+
+from .conftest import with_eos
+
+
+def test_int8_linear_is_close_to_the_original():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 32)
+    x = torch.randn(3, 64)
+    q = Int8Linear(lin)
+    assert q.weight.dtype == torch.int8 and q.scales.shape == (32,)
+    err = (q(x) - lin(x)).abs().max() / lin(x).abs().max()
+    assert 0 < err < 0.02
+
+
+def test_pruned_head_masks_the_tail():
+    head = torch.nn.Linear(8, 10, bias=False)
+    pruned = PrunedHead(head, keep=6, vocab=10)
+    out = pruned(torch.randn(2, 8))
+    assert out.shape == (2, 10) and torch.isinf(out[:, 6:]).all() and torch.isfinite(out[:, :6]).all()
+    assert pruned.weight.shape[0] == 10
+
+
+def test_cheapened_draft_stays_lossless(tiny):
+    pair = with_eos(tiny, [])
+    cheap = dataclasses.replace(pair, draft=cheapen_draft(copy.deepcopy(pair.draft), int8=True, keep_vocab=128))
+    cfg = SpecConfig(k=4, max_new_tokens=40)
+    out = generate(cheap, "hello there", cfg)
+    assert out.token_ids == generate(pair, "hello there", cfg, "autoregressive").token_ids
+    assert all(t < 128 for e in out.events for t in e.drafted)  # the pruned head never proposes the tail
+    sampled = generate(cheap, "hello there", SpecConfig(k=4, max_new_tokens=40, temperature=1.0, seed=3))
+    assert len(sampled.token_ids) == 40

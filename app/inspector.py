@@ -69,8 +69,9 @@ def theory_figure(ar_stats, spec_stats, k: int, sweep: list[tuple[int, float]] |
                     line=dict(color=AR_COLOR, dash="dot"))
     fig.add_scatter(x=ks, y=[expected_speedup(a, j, c, verify_cost_at(v, k, j)) for j in ks],
                     name=f"with the real verify cost ({v:.2f}× a step at K={k})", line=dict(color=SPEC_COLOR))
-    measured = sweep or [(k, spec_stats.tokens_per_s / ar_stats.tokens_per_s)]
-    fig.add_scatter(x=[m[0] for m in measured], y=[m[1] for m in measured], mode="markers", name="measured",
+    measured = sweep or [(k, spec_stats.decode_tokens_per_s / ar_stats.decode_tokens_per_s)]
+    fig.add_scatter(x=[m[0] for m in measured], y=[m[1] for m in measured], mode="markers",
+                    name="measured (after the prefill)",
                     marker=dict(size=12, color=DRAFT_COLOR, symbol="diamond"))
     fig.add_hline(y=1.0, line_dash="dot", line_color="#999")
     fig.update_layout(**{**LAYOUT, "height": 340})

@@ -74,7 +74,7 @@ def sweep(manager, prompt, k, temperature, top_p, top_k, max_new_tokens, seed, d
             yield message_html(f"Sweep: running K = {kk} of 8…", "info"), gr.skip()
             cfg = make_config(kk, temperature, top_p, top_k, min(int(max_new_tokens), 64), seed, False)
             race = run(start_race(pair, prompt, cfg, drafter))
-            points.append((kk, race.spec.stats.tokens_per_s / race.plain.stats.tokens_per_s))
+            points.append((kk, race.spec.stats.decode_tokens_per_s / race.plain.stats.decode_tokens_per_s))
             last = last or race
     except ValueError as err:
         yield message_html(str(err), "error"), gr.skip()

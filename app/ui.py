@@ -17,10 +17,9 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS = (ASSETS / "style.css").read_text()
 
 INTRO = """# Speculative decoding, live
-A small **draft** model guesses the next K tokens; the large **target** model checks all K in **one**
-forward pass, keeps the longest prefix it agrees with and adds one token of its own. The output is
-exactly what the target alone would write (token for token when greedy, the same distribution when
-sampling), but it needs far fewer target passes. Type a prompt and watch both decoders race."""
+A small **draft** model guesses the next K tokens; the large **target** model checks all K in **one** forward pass,
+keeps the longest prefix it agrees with and adds one token of its own. The output is exactly the target's own
+(token for token when greedy, the same distribution when sampling), with far fewer target passes."""
 
 FAIRNESS = """**How the race is run.** Both decoders share one device, so they take turns: each step goes to the
 decoder that is behind, and each is charged only its own compute time (synchronised on GPUs). The
@@ -38,25 +37,27 @@ def example_prompts() -> list[str]:
 
 
 def build_pair_bar(manager):
-    with gr.Row(equal_height=True):
-        preset = next((name for name, spec in PRESETS.items() if spec == manager.spec), None)
-        choice = gr.Dropdown(list(PRESETS), value=preset, label="Model pair (target ← draft)", scale=3)
-        custom = gr.Textbox(label="…or custom TARGET_ID,DRAFT_ID", value=None if preset else manager.spec,
-                            placeholder="Qwen/Qwen2.5-1.5B-Instruct,Qwen/Qwen2.5-0.5B-Instruct",
-                            scale=3, visible=manager.allow_custom)
-        load = gr.Button("Load pair", scale=1)
     status = gr.Markdown(manager.status, elem_id="pair-status")
+    with gr.Accordion("Model pair", open=False):
+        with gr.Row(equal_height=True):
+            preset = next((name for name, spec in PRESETS.items() if spec == manager.spec), None)
+            choice = gr.Dropdown(list(PRESETS), value=preset, label="Model pair (target ← draft)", scale=3)
+            custom = gr.Textbox(label="…or custom TARGET_ID,DRAFT_ID", value=None if preset else manager.spec,
+                                placeholder="Qwen/Qwen2.5-1.5B-Instruct,Qwen/Qwen2.5-0.5B-Instruct",
+                                scale=3, visible=manager.allow_custom)
+            load = gr.Button("Load pair", scale=1)
     return choice, custom, load, status
 
 
 def build_controls():
-    prompt = gr.Textbox(label="Prompt", lines=4, max_lines=12, elem_id="prompt",
-                        placeholder="Ask for some code, a summary, a translation…")
-    gr.Examples(example_prompts(), inputs=prompt, label="Examples: code, editing, extraction, summary, chat, math, translation")
     with gr.Row():
-        k = gr.Slider(1, MAX_K, value=4, step=1, label="K: draft tokens per round")
-        max_new = gr.Slider(1, MAX_NEW_TOKENS, value=96, step=1, label="Max new tokens")
-        temperature = gr.Slider(0, MAX_TEMPERATURE, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+        prompt = gr.Textbox(label="Prompt", lines=3, max_lines=12, elem_id="prompt", scale=3,
+                            placeholder="Ask for some code, a summary, a translation…")
+        with gr.Column(scale=2, min_width=320):
+            k = gr.Slider(1, MAX_K, value=4, step=1, label="K: draft tokens per round")
+            max_new = gr.Slider(1, MAX_NEW_TOKENS, value=96, step=1, label="Max new tokens")
+            temperature = gr.Slider(0, MAX_TEMPERATURE, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+    gr.Examples(example_prompts(), inputs=prompt, label="Examples: code, editing, extraction, summary, chat, math, translation")
     with gr.Accordion("More settings", open=False):
         with gr.Row():
             top_p = gr.Slider(0.01, 1.0, value=1.0, step=0.01, label="Top-p")
@@ -152,12 +153,14 @@ def build_teaching():
                 export=export, trace_out=trace_out, trace_in=trace_in, speed=speed, replay=replay)
 
 
-def wire_teaching(t, manager, state, prompt, settings, outputs):
+def wire_teaching(t, manager, state, prompt, settings, outputs, runs):
     private = dict(api_visibility="private")
+    inspect = dict(fn=teach.inspect, inputs=[state, t["round_no"], t["position"]],
+                   outputs=[t["decision"], t["decision_plot"]], **private)
     for control in (t["round_no"], t["position"]):
-        control.change(teach.inspect, [state, t["round_no"], t["position"]], [t["decision"], t["decision_plot"]],
-                       **private)
-    state.change(teach.inspect, [state, t["round_no"], t["position"]], [t["decision"], t["decision_plot"]], **private)
+        control.change(**inspect)
+    for run in runs:  # refresh the inspector and the theory panel when a run ends
+        run.then(**inspect).then(teach.theory, state, t["theory_plot"], **private)
     t["show_theory"].click(teach.theory, state, t["theory_plot"], **private)
     t["sweep"].click(partial(teach.sweep, manager), [prompt, *settings], [t["sweep_note"], t["theory_plot"]],
                      concurrency_id="gpu", **private)
@@ -182,7 +185,7 @@ def build_app(manager, limits=None) -> gr.Blocks:
         run = go.click(race, [prompt, *settings], outputs, api_visibility="private", concurrency_id="gpu")
         submit = prompt.submit(race, [prompt, *settings], outputs, api_visibility="private", concurrency_id="gpu")
         stop.click(None, cancels=[run, submit])
-        wire_teaching(teaching, manager, state, prompt, settings, outputs)
+        wire_teaching(teaching, manager, state, prompt, settings, outputs, [run, submit])
 
         def switch(preset, custom_spec):
             spec = custom_spec.strip() if custom_spec and custom_spec.strip() else PRESETS.get(preset)

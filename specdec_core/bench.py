@@ -22,8 +22,9 @@ from .engine import prepare
 from .theory import expected_speedup, measured_costs
 
 STAT_KEYS = ("tokens", "seconds", "tokens_per_s")
-SPEC_KEYS = STAT_KEYS + ("acceptance_rate", "accepted_fraction", "mean_accepted_length", "tokens_per_round",
-                         "draft_s", "verify_s", "overhead_s", "prefill_s", "rounds")
+OWN_KEYS = STAT_KEYS + ("prefill_s", "decode_tokens_per_s")
+SPEC_KEYS = OWN_KEYS + ("acceptance_rate", "accepted_fraction", "mean_accepted_length", "tokens_per_round",
+                         "draft_s", "verify_s", "overhead_s", "rounds")
 
 
 def pick(stats, keys) -> dict:
@@ -74,8 +75,9 @@ def run_prompt(pair, item, cfg, drafter_name, compare_hf) -> dict:
     ar = generate(pair, ids, cfg, "autoregressive")
     spec = generate(pair, ids, cfg, drafter=make_drafter(pair, drafter_name))
     entry = {"id": item["id"], "category": item.get("category", ""), "prompt_tokens": len(ids),
-             "ar": pick(ar.stats, STAT_KEYS), "spec": pick(spec.stats, SPEC_KEYS),
+             "ar": pick(ar.stats, OWN_KEYS), "spec": pick(spec.stats, SPEC_KEYS),
              "speedup": spec.stats.tokens_per_s / ar.stats.tokens_per_s,
+             "decode_speedup": spec.stats.decode_tokens_per_s / ar.stats.decode_tokens_per_s,
              "predicted_speedup": predicted_speedup(ar.stats, spec.stats, cfg.k),
              "identical_to_ar": ar.token_ids == spec.token_ids}
     if not entry["identical_to_ar"]:
@@ -93,7 +95,9 @@ def run_prompt(pair, item, cfg, drafter_name, compare_hf) -> dict:
 def summarize(entries: list[dict]) -> dict:
     med = lambda key: statistics.median(e[key] for e in entries)
     out = {"speedup_median": med("speedup"), "speedup_min": min(e["speedup"] for e in entries),
-           "predicted_speedup_median": med("predicted_speedup"),
+           "decode_speedup_median": med("decode_speedup"), "predicted_speedup_median": med("predicted_speedup"),
+           "measured_over_predicted_median": statistics.median(e["decode_speedup"] / e["predicted_speedup"]
+                                                               for e in entries),
            "acceptance_rate_median": statistics.median(e["spec"]["acceptance_rate"] for e in entries),
            "identical": sum(e["identical_to_ar"] for e in entries), "prompts": len(entries)}
     if all("speedup_vs_hf" in e for e in entries):
@@ -104,20 +108,22 @@ def summarize(entries: list[dict]) -> dict:
 
 
 def table(report: dict) -> str:
-    rows = [f"{'prompt':<20}{'AR tok/s':>9}{'spec tok/s':>11}{'speedup':>8}{'pred.':>7}{'accept':>7}"
+    rows = [f"{'prompt':<20}{'AR tok/s':>9}{'spec tok/s':>11}{'speedup':>8}{'decode':>7}{'pred.':>7}{'accept':>7}"
             f"{'acc/rnd':>8}{'HF tok/s':>9}{'vs HF':>7}  same"]
     for e in report["prompts"]:
         hf = e.get("hf_assisted")
         rows.append(f"{e['id']:<20}{e['ar']['tokens_per_s']:>9.2f}{e['spec']['tokens_per_s']:>11.2f}"
-                    f"{e['speedup']:>7.2f}x{e['predicted_speedup']:>6.2f}x{e['spec']['acceptance_rate']:>7.2f}"
+                    f"{e['speedup']:>7.2f}x{e['decode_speedup']:>6.2f}x{e['predicted_speedup']:>6.2f}x"
+                    f"{e['spec']['acceptance_rate']:>7.2f}"
                     f"{e['spec']['mean_accepted_length']:>8.2f}"
                     + (f"{hf['tokens_per_s']:>9.2f}{e['speedup_vs_hf']:>6.2f}x" if hf else f"{'-':>9}{'-':>7}")
                     + ("  yes" if e["identical_to_ar"] else
                        f"  near-tie at {e['first_divergence']['position']} "
                        f"(gap {e['first_divergence']['logprob_gap']:.3f})"))
     s = report["summary"]
-    rows.append(f"median speedup {s['speedup_median']:.2f}x (min {s['speedup_min']:.2f}x, predicted "
-                f"{s['predicted_speedup_median']:.2f}x), identical {s['identical']}/{s['prompts']}"
+    rows.append(f"median speedup {s['speedup_median']:.2f}x (min {s['speedup_min']:.2f}x); decode phase "
+                f"{s['decode_speedup_median']:.2f}x vs predicted {s['predicted_speedup_median']:.2f}x "
+                f"(ratio {s['measured_over_predicted_median']:.2f}); identical {s['identical']}/{s['prompts']}"
                 + (f", vs HF assisted {s['speedup_vs_hf_median']:.2f}x" if "speedup_vs_hf_median" in s else ""))
     return "\n".join(rows)
 

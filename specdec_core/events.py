@@ -50,7 +50,8 @@ class Stats:
     rounds: int = 0
     seconds: float = 0.0  # own compute time, prefill included
     prefill_s: float = 0.0
-    tokens_per_s: float = 0.0
+    tokens_per_s: float = 0.0  # end to end: prefill included
+    decode_tokens_per_s: float = 0.0  # after the prefill: what the cost model predicts
     drafted: int = 0
     accepted: int = 0
     acceptance_rate: float = 0.0  # alpha: P(a drafted token is accepted | every token before it was)
@@ -89,6 +90,7 @@ def summarize(events: list[RoundEvent]) -> Stats:
     s.rounds = len(events)
     s.seconds = events[-1].elapsed_s
     s.tokens_per_s = s.tokens / s.seconds if s.seconds > 0 else 0.0
+    s.decode_tokens_per_s = s.tokens / (s.seconds - s.prefill_s) if s.seconds > s.prefill_s else 0.0
     s.acceptance_rate = s.accepted / sum(reached) if sum(reached) else 0.0
     s.accepted_fraction = s.accepted / s.drafted if s.drafted else 0.0
     s.mean_accepted_length = s.accepted / s.rounds

@@ -25,13 +25,13 @@ except ImportError:
         return fn
 
 
-def make_config(k, temperature, top_p, top_k, max_new_tokens, seed, adaptive=False) -> SpecConfig:
+def make_config(k, temperature, top_p, top_k, max_new_tokens, seed, adaptive=False, min_confidence=0.0) -> SpecConfig:
     """UI/API values -> SpecConfig; raises ValueError with a readable message."""
     for name, value in (("k", k), ("max_new_tokens", max_new_tokens), ("top_k", top_k), ("seed", seed)):
         if value is None or (isinstance(value, str) and not value.strip()):
             raise ValueError(f"{name} is missing.")
     return SpecConfig(k=k, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
-                      seed=seed, adaptive=bool(adaptive))
+                      seed=seed, adaptive=bool(adaptive), min_confidence=min_confidence or 0.0)
 
 
 def figures(race: Race):
@@ -65,7 +65,7 @@ def admitted(limits, request, cfg: SpecConfig):
 
 
 def race_stream(manager, limits, prompt, k, temperature, top_p, top_k, max_new_tokens, seed, drafter, adaptive,
-                request: gr.Request = None):
+                min_confidence, request: gr.Request = None):
     """Generator for the Generate button: yields the panes, summary and figures as the race runs."""
     pair = manager.pair  # this run keeps this pair even if another one is loaded meanwhile
     if pair is None:
@@ -73,7 +73,7 @@ def race_stream(manager, limits, prompt, k, temperature, top_p, top_k, max_new_t
                          "info")
         return
     try:
-        cfg = make_config(k, temperature, top_p, top_k, max_new_tokens, seed, adaptive)
+        cfg = make_config(k, temperature, top_p, top_k, max_new_tokens, seed, adaptive, min_confidence)
         race = start_race(pair, prompt, cfg, drafter)
         with admitted(limits, request, cfg):
             yield from _drive(race)

@@ -90,4 +90,5 @@ def legend_html() -> str:
 
 
 def message_html(text: str, kind: str = "info") -> str:
+    """A notice box; `text` is escaped."""
     return f'<div class="msg msg-{kind}">{html.escape(text)}</div>'

@@ -43,15 +43,16 @@ def caption(e) -> str:
     return words + f", kept {len(e.committed)} token{'s' if len(e.committed) != 1 else ''}."
 
 
-def step_round(manager, race, prompt, k, temperature, top_p, top_k, max_new_tokens, seed, drafter, adaptive):
+def step_round(manager, race, prompt, k, temperature, top_p, top_k, max_new_tokens, seed, drafter, adaptive,
+               min_confidence):
     """One speculative round per click (plain decoding keeps pace on the shared clock)."""
     pair = manager.pair
     try:
         if race is None or race.done or race.tokenizer is None or race.meta.get("prompt") != prompt:
             if pair is None:
                 raise ValueError("No model is loaded yet.")
-            race = start_race(pair, prompt, make_config(k, temperature, top_p, top_k, max_new_tokens, seed, adaptive),
-                              drafter)
+            cfg = make_config(k, temperature, top_p, top_k, max_new_tokens, seed, adaptive, min_confidence)
+            race = start_race(pair, prompt, cfg, drafter)
         before = len(race.spec.events)
         while len(race.spec.events) == before and step(race):
             pass
@@ -62,7 +63,7 @@ def step_round(manager, race, prompt, k, temperature, top_p, top_k, max_new_toke
     return (*outputs[:2], outputs[2] + note, *outputs[3:])
 
 
-def sweep(manager, prompt, k, temperature, top_p, top_k, max_new_tokens, seed, drafter, adaptive):
+def sweep(manager, prompt, k, temperature, top_p, top_k, max_new_tokens, seed, drafter, adaptive, min_confidence):
     """Run the prompt for K = 1..8 and plot measured against predicted speedup."""
     pair = manager.pair
     if pair is None:

@@ -45,7 +45,7 @@ def from_trace(data: dict | str) -> tuple[Race, list[tuple[str, RoundEvent, list
         lanes = {}
         for name in ("plain", "speculative"):
             lane = data["lanes"][name]
-            events = [RoundEvent(**e) for e in lane["events"]]
+            events = [RoundEvent.from_dict(e) for e in lane["events"]]
             pieces = [Piece(**p) for p in lane["pieces"]]
             lanes[name] = Lane(name, iter(()), None)
             for e in events:

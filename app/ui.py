@@ -11,7 +11,7 @@ from specdec_core.config import MAX_K, MAX_NEW_TOKENS, MAX_TEMPERATURE
 
 from . import handlers, teach
 from .pairs import PRESETS
-from .render import legend_html
+from .render import legend_html, message_html
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS = (ASSETS / "style.css").read_text()
@@ -36,16 +36,23 @@ def example_prompts() -> list[str]:
     return [json.loads(line)["prompt"] for line in lines if line.strip()]
 
 
+def status_html(manager) -> str:
+    """The pair's state, escaped (it can quote a model id a visitor typed)."""
+    text = manager.status
+    return message_html(text, "error" if text.startswith("Could not") else "info")
+
+
 def build_pair_bar(manager):
-    status = gr.Markdown(manager.status, elem_id="pair-status")
-    with gr.Accordion("Model pair", open=False):
+    status = gr.HTML(status_html(manager), elem_id="pair-status")
+    with gr.Accordion("Model pair", open=False, elem_id="pair-box"):
         with gr.Row(equal_height=True):
             preset = next((name for name, spec in PRESETS.items() if spec == manager.spec), None)
             choice = gr.Dropdown(list(PRESETS), value=preset, label="Model pair (target ← draft)", scale=3)
             custom = gr.Textbox(label="…or custom TARGET_ID,DRAFT_ID", value=None if preset else manager.spec,
+                                elem_id="custom-pair",
                                 placeholder="Qwen/Qwen2.5-1.5B-Instruct,Qwen/Qwen2.5-0.5B-Instruct",
                                 scale=3, visible=manager.allow_custom)
-            load = gr.Button("Load pair", scale=1)
+            load = gr.Button("Load pair", scale=1, elem_id="load-pair")
     return choice, custom, load, status
 
 
@@ -55,7 +62,7 @@ def build_controls():
                             placeholder="Ask for some code, a summary, a translation…")
         with gr.Column(scale=2, min_width=320):
             k = gr.Slider(1, MAX_K, value=4, step=1, label="K: draft tokens per round")
-            max_new = gr.Slider(1, MAX_NEW_TOKENS, value=96, step=1, label="Max new tokens")
+            max_new = gr.Slider(1, MAX_NEW_TOKENS, value=96, step=1, label="Max new tokens", elem_id="max-new")
             temperature = gr.Slider(0, MAX_TEMPERATURE, value=0.0, step=0.05, label="Temperature (0 = greedy)")
     gr.Examples(example_prompts(), inputs=prompt, label="Examples: code, editing, extraction, summary, chat, math, translation")
     with gr.Accordion("More settings", open=False):
@@ -67,11 +74,13 @@ def build_controls():
             drafter = gr.Radio(["model", "prompt-lookup", "early-exit"], value="model", label="Drafter",
                                info="draft model · n-gram lookup in the prompt (no model) · target's first layers")
             adaptive = gr.Checkbox(False, label="Adaptive K (grow after full acceptance, shrink after a rejection)")
+            confidence = gr.Slider(0, 0.95, value=0.0, step=0.05, label="Stop a draft below this draft confidence",
+                                   info="0 = always draft K tokens")
         gr.Markdown(RULES)
     with gr.Row():
         go = gr.Button("Generate", variant="primary", elem_id="generate")
         stop = gr.Button("Stop", variant="stop", elem_id="stop")
-    return prompt, [k, temperature, top_p, top_k, max_new, seed, drafter, adaptive], go, stop
+    return prompt, [k, temperature, top_p, top_k, max_new, seed, drafter, adaptive, confidence], go, stop
 
 
 def build_race():
@@ -118,18 +127,18 @@ memória, uma passada sobre K+1 tokens custa pouco mais que sobre um. Com taxa d
 
 
 def build_teaching():
-    with gr.Accordion("Inspect a drafted token", open=False):
+    with gr.Accordion("Inspect a drafted token", open=False, elem_id="inspector"):
         with gr.Row():
             round_no = gr.Slider(1, MAX_NEW_TOKENS, value=1, step=1, label="Round")
             position = gr.Slider(1, MAX_K + 1, value=1, step=1, label="Position in the round (K+1 = target's token)")
-        decision = gr.HTML()
+        decision = gr.HTML(elem_id="decision")
         decision_plot = gr.Plot(label="p vs q")
-    with gr.Accordion("Theory next to measurement", open=False):
+    with gr.Accordion("Theory next to measurement", open=False, elem_id="theory"):
         gr.Markdown("Predicted speedup for K = 1..8 from this run's measured acceptance rate a, draft cost c "
                     "(one draft step / one target step) and verify cost; the dotted curve is the paper's model, "
                     "which assumes a K+1-token pass costs one step.")
         sweep_note = gr.HTML()
-        theory_plot = gr.Plot(label="Theory")
+        theory_plot = gr.Plot(label="Theory", elem_id="theory-plot")
         with gr.Row():
             show_theory = gr.Button("Fill from the last run")
             sweep = gr.Button("Sweep K = 1..8 on this prompt (up to 64 tokens each)")
@@ -190,12 +199,15 @@ def build_app(manager, limits=None) -> gr.Blocks:
         def switch(preset, custom_spec):
             spec = custom_spec.strip() if custom_spec and custom_spec.strip() else PRESETS.get(preset)
             if not spec:
-                return "Pick a pair from the list or type TARGET_ID,DRAFT_ID."
-            return manager.load(spec)
+                return message_html("Pick a pair from the list or type TARGET_ID,DRAFT_ID.", "error")
+            manager.load(spec)
+            return status_html(manager)
 
-        load.click(lambda: "Loading… (the current pair keeps serving until the new one is ready)", None, status,
-                   api_visibility="private").then(switch, [choice, custom], status, api_visibility="private")
-        gr.Timer(1.0).tick(lambda: manager.status, None, status, api_visibility="private", show_progress="hidden")
+        load.click(lambda: message_html("Loading… the current pair keeps serving until the new one is ready."),
+                   None, status, api_visibility="private").then(switch, [choice, custom], status,
+                                                               api_visibility="private")
+        gr.Timer(1.0).tick(partial(status_html, manager), None, status, api_visibility="private",
+                           show_progress="hidden", queue=False)
 
         def api(prompt: str, k: int = 4, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                 max_new_tokens: int = 128, seed: int = 0, drafter: str = "model", request: gr.Request = None) -> dict:

@@ -129,18 +129,27 @@ def table(report: dict) -> str:
 
 
 def chart(report: dict, path: Path) -> None:
+    """Median speedup over plain decoding per prompt category, for specdec and for transformers."""
     import plotly.graph_objects as go
 
-    fig = go.Figure()
-    cats = [e["category"] or e["id"] for e in report["prompts"]]
-    fig.add_bar(name=f"specdec ({report['settings']['drafter']})", x=cats, y=[e["speedup"] for e in report["prompts"]])
+    groups: dict[str, list[dict]] = {}
+    for e in report["prompts"]:
+        groups.setdefault(e["category"] or e["id"], []).append(e)
+    cats = list(groups)
+    series = [(f"specdec ({report['settings']['drafter']} drafter)", "#0072b2", lambda e: e["speedup"])]
     if all("hf_assisted" in e for e in report["prompts"]):
-        fig.add_bar(name="transformers assisted", x=cats,
-                    y=[e["hf_assisted"]["tokens_per_s"] / e["ar"]["tokens_per_s"] for e in report["prompts"]])
+        series.append(("transformers assisted generation", "#e69f00",
+                       lambda e: e["hf_assisted"]["tokens_per_s"] / e["ar"]["tokens_per_s"]))
+    fig = go.Figure()
+    for name, color, value in series:
+        ys = [statistics.median(value(e) for e in groups[c]) for c in cats]
+        fig.add_bar(name=name, x=cats, y=ys, marker_color=color, text=[f"{y:.2f}×" for y in ys], textposition="outside")
     fig.add_hline(y=1.0, line_dash="dot", annotation_text="plain decoding")
-    fig.update_layout(title=f"Speedup over plain decoding: {report['pair']} on {report['device']} ({report['dtype']})",
-                      yaxis_title="speedup (x)", barmode="group", template="plotly_white", width=1000, height=500)
-    fig.write_html(path.with_suffix(".html"))
+    fig.update_layout(title=f"Speedup over plain decoding: {report['pair']} pair, {report['device']}, {report['dtype']}, "
+                            f"K={report['settings']['k']}, {report['settings']['max_new_tokens']} new tokens",
+                      yaxis_title="speedup (×), median per category", barmode="group", template="plotly_white",
+                      width=1000, height=500, legend=dict(orientation="h", y=-0.15))
+    fig.write_html(path.with_suffix(".html"), include_plotlyjs="cdn")
     try:
         fig.write_image(path)
     except Exception as err:  # kaleido needs a Chrome/Chromium; the HTML chart is always written
@@ -156,6 +165,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--drafter", default="model", choices=["model", "prompt-lookup", "early-exit"])
     ap.add_argument("--adaptive", action="store_true", help="grow/shrink K per round")
+    ap.add_argument("--min-confidence", type=float, default=0.0, help="stop a draft below this draft confidence")
     ap.add_argument("--json", default="bench.json")
     ap.add_argument("--png", default=None, help="speedup chart (default: next to the JSON)")
     ap.add_argument("--compare-hf", action="store_true")
@@ -168,7 +178,8 @@ def main(argv=None) -> dict:
     target, _, draft = args.pair.partition(",")
     pair = load_pair(target, draft or None, device=args.device, dtype=args.dtype)
     load_s = time.perf_counter() - t0
-    cfg = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature, adaptive=args.adaptive)
+    cfg = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature, adaptive=args.adaptive,
+                     min_confidence=args.min_confidence)
     items = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     items = items[: args.limit] if args.limit else items
     # warm-up: first calls pay for allocations and kernel selection
@@ -186,7 +197,8 @@ def main(argv=None) -> dict:
               "device": str(pair.device), "dtype": str(pair.dtype).replace("torch.", ""),
               "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", {torch.get_num_threads()} threads",
               "settings": {"k": cfg.k, "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
-                           "drafter": args.drafter, "adaptive": cfg.adaptive, "prompts": args.prompts},
+                           "drafter": args.drafter, "adaptive": cfg.adaptive, "min_confidence": cfg.min_confidence,
+                           "prompts": args.prompts},
               "load_s": load_s, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
               "prompts": entries, "summary": summarize(entries)}
     Path(args.json).write_text(json.dumps(report, indent=2))

@@ -22,6 +22,7 @@ class SpecConfig:
     seed: int = 0  # seeds the explicit torch.Generator: same seed, same output
     chat: bool = True  # wrap the prompt in the tokenizer's chat template when it has one
     adaptive: bool = False  # grow K after a fully accepted round, shrink it after a rejection
+    min_confidence: float = 0.0  # stop a draft early once the draft's top probability falls below this; 0 = off
     record_top: int = 5  # top-n probabilities kept per position in events (for the inspector); 0 = none
 
     def __post_init__(self):
@@ -50,6 +51,8 @@ class SpecConfig:
             raise ValueError(f"top_k must be 0 (off) or positive, got {self.top_k}")
         if not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be between 0 and 2**63-1, got {self.seed}")
+        if not 0.0 <= self.min_confidence < 1.0:
+            raise ValueError(f"min_confidence must be in [0, 1), got {self.min_confidence}")
         if self.record_top < 0:
             raise ValueError(f"record_top must be >= 0, got {self.record_top}")
 

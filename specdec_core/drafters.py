@@ -68,6 +68,9 @@ class ModelDrafter:
             tokens.append(x.view(1))
             qs.append(q)
             raw.append(logits)
+            # an unsure draft is likely wrong from here on: stop and let the target verify what we have
+            if cfg.min_confidence and float(torch.softmax(logits.float(), -1).max()) < cfg.min_confidence:
+                break
         if not tokens:
             return Draft(torch.empty(0, dtype=torch.long, device=self.lm.device), None)
         return Draft(torch.cat(tokens), torch.stack(qs), torch.stack(raw))

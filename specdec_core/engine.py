@@ -11,8 +11,9 @@ from typing import Iterator
 
 import torch
 
+from .cache import CachedModel
 from .config import MAX_K, MAX_PROMPT_CHARS, SpecConfig
-from .drafters import Draft, ModelDrafter, NoDrafter
+from .drafters import Draft, EarlyExitDrafter, ModelDrafter, NoDrafter, PromptLookupDrafter
 from .events import Result, RoundEvent, summarize
 from .sampling import logits_to_probs, top_entries
 from .text import encode_prompt
@@ -52,17 +53,17 @@ def prepare(pair, prompt: str | list[int], cfg: SpecConfig) -> list[int]:
     return ids
 
 
-def make_drafter(pair, name: str = "model", **options):
-    from .drafters import EarlyExitDrafter, PromptLookupDrafter
+def make_drafter(pair, name: str = "model", layers: int | None = None):
+    """By name: "model" (the pair's draft), "prompt-lookup" (n-grams), "early-exit" (the target's first
+    `layers` layers; a quarter of them by default)."""
     if name == "model":
         if pair.draft is None:
             raise ValueError(f"The pair {pair.name!r} has no draft model; choose prompt-lookup or early-exit.")
         return ModelDrafter(pair.draft, pair.vocab)
     if name == "prompt-lookup":
-        return PromptLookupDrafter(**options)
+        return PromptLookupDrafter()
     if name == "early-exit":
-        layers = options.get("layers") or max(1, len(pair.target.get_decoder().layers) // 4)
-        return EarlyExitDrafter(pair.target, pair.vocab, layers)
+        return EarlyExitDrafter(pair.target, pair.vocab, layers or max(1, len(pair.target.get_decoder().layers) // 4))
     raise ValueError(f"Unknown drafter {name!r}: use model, prompt-lookup or early-exit.")
 
 
@@ -91,8 +92,6 @@ def generate(pair, prompt, cfg: SpecConfig, method: str = "speculative", drafter
 
 
 def decode(pair, prompt_ids: list[int], cfg: SpecConfig, drafter, method: str) -> Iterator[RoundEvent]:
-    from .cache import CachedModel
-
     target = CachedModel(pair.target, pair.vocab)
     gen = torch.Generator(device=target.device).manual_seed(cfg.seed)
     warp = lambda logits: logits_to_probs(logits, cfg.temperature, cfg.top_k, cfg.top_p)

@@ -41,6 +41,14 @@ class RoundEvent:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "RoundEvent":
+        """The inverse of to_dict, also after a trip through JSON (which turns tuples into lists)."""
+        pairs = lambda row: [tuple(x) for x in row]
+        d = {**d, "target_top": [pairs(r) for r in d["target_top"]], "draft_top": [pairs(r) for r in d["draft_top"]],
+             "residual_top": pairs(d["residual_top"]) if d.get("residual_top") is not None else None}
+        return cls(**d)
+
 
 @dataclass
 class Stats:

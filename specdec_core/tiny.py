@@ -2,6 +2,7 @@
 
 The tokenizer is byte-level (256 bytes + a few control tokens), so any text round-trips.
 The draft is a perturbed copy of the target, so rounds see full, partial and zero acceptance.
+Tests that need EOS put it where they want it (Pair.eos_ids).
 """
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ def tiny_models(seed: int = 0, noise: float = 0.03, layers: int = 2):
     cfg = tiny_config(len(tok), layers)
     torch.manual_seed(seed)
     target = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():  # EOS never wins greedily, so greedy runs last until max_new_tokens
+        target.lm_head.weight[tok.eos_token_id].zero_()
     draft = Qwen2ForCausalLM(cfg).eval()
     draft.load_state_dict(target.state_dict())
     g = torch.Generator().manual_seed(seed + 1)

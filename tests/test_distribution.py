@@ -13,7 +13,7 @@ import torch
 from scipy.stats import chisquare
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from specdec_core import SpecConfig, speculative_generate
+from specdec_core import SpecConfig, make_drafter, speculative_generate
 from specdec_core.models import Pair
 from specdec_core.sampling import logits_to_probs
 
@@ -24,7 +24,7 @@ CFG = dict(k=2, temperature=1.0, max_new_tokens=LENGTH)
 
 def toy(seed):
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=1, initializer_range=0.8, tie_word_embeddings=False)
     return Qwen2ForCausalLM(cfg).eval()
 
@@ -46,18 +46,19 @@ def exact_distribution(pair, warp):
     return probs
 
 
-def sample_counts(pair, cfg):
+def sample_counts(pair, cfg, drafter):
     counts = {}
     for seed in range(SAMPLES):
-        seq = tuple(t for e in speculative_generate(pair, PROMPT, SpecConfig(seed=seed, **cfg)) for t in e.committed)
+        events = speculative_generate(pair, PROMPT, SpecConfig(seed=seed, **cfg), make_drafter(pair, drafter, layers=1))
+        seq = tuple(t for e in events for t in e.committed)
         counts[seq] = counts.get(seq, 0) + 1
     return counts
 
 
-def p_value(pair, cfg):
+def p_value(pair, cfg, drafter="model"):
     exact = exact_distribution(pair, lambda l: logits_to_probs(l, cfg["temperature"], cfg.get("top_k", 0),
                                                                cfg.get("top_p", 1.0)))
-    counts = sample_counts(pair, cfg)
+    counts = sample_counts(pair, cfg, drafter)
     assert set(counts) <= {s for s, p in exact.items() if p > 0}
     seqs = sorted(exact, key=exact.get, reverse=True)
     observed, expected = [], []
@@ -70,9 +71,10 @@ def p_value(pair, cfg):
     return chisquare(observed, expected).pvalue
 
 
-@pytest.mark.parametrize("cfg", [CFG, dict(CFG, temperature=0.7, top_p=0.9)])
-def test_speculative_samples_follow_the_target(toy_pair, cfg):
-    assert p_value(toy_pair, cfg) > 1e-3
+@pytest.mark.parametrize("cfg, drafter", [(CFG, "model"), (dict(CFG, temperature=0.7, top_p=0.9), "model"),
+                                           (CFG, "prompt-lookup"), (CFG, "early-exit")])
+def test_speculative_samples_follow_the_target(toy_pair, cfg, drafter):
+    assert p_value(toy_pair, cfg, drafter) > 1e-3
 
 
 def test_a_wrong_residual_is_detected(toy_pair, monkeypatch):

@@ -1,6 +1,7 @@
 """End to end: app.py on the tiny pair, driven through gradio_client and a real headless Chromium."""
 import os
 import shutil
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -10,6 +11,8 @@ from specdec_core import SpecConfig, generate, load_pair
 from .apprun import OUTPUT, AppProcess
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+SHOTS = OUTPUT / "browser"
+STOP_PROMPT = "Count to a thousand."  # the tiny pair never ends a greedy run early
 
 
 @pytest.fixture(scope="module")
@@ -80,14 +83,13 @@ def test_concurrent_clients_get_their_own_answers(app, engine_pair):
     assert got == expected
 
 
-def test_browser_race_shows_coloured_tokens_and_plots(app):
-    from playwright.sync_api import sync_playwright
-
+@pytest.fixture(scope="module")
+def page(app):
     if not shutil.which(CHROMIUM):  # never skipped in CI, where .ci/run installs it
         (pytest.fail if os.environ.get("CI") else pytest.skip)(f"needs Chromium at {CHROMIUM} (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
 
-    shots = OUTPUT / "browser"
-    shots.mkdir(parents=True, exist_ok=True)
+    SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
             "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -95,15 +97,60 @@ def test_browser_race_shows_coloured_tokens_and_plots(app):
         page = browser.new_page(viewport={"width": 1400, "height": 1800})
         page.goto(app.url)
         page.get_by_text("Ready:").first.wait_for(timeout=60_000)
-        page.locator("#prompt textarea").fill("<img src=x onerror=\"window.__xss=1\"> Write a loop in Python.")
-        page.locator("#generate").click()
-        page.locator("#spec-pane .tok-acc").first.wait_for(state="attached", timeout=60_000)
-        page.locator("#spec-pane .tok-rep, #spec-pane .tok-bon").first.wait_for(state="attached", timeout=60_000)
-        page.locator("#plain-pane .tok").first.wait_for(state="attached", timeout=60_000)
-        page.locator("#race-plot .js-plotly-plot").first.wait_for(timeout=60_000)
-        page.locator("#summary", has_text="identical").wait_for(timeout=60_000)  # greedy: checked when done
-        assert page.locator("#spec-pane .tok-rej").count() > 0  # rejected drafts stay visible
-        assert page.evaluate("window.__xss") is None
-        page.screenshot(path=str(shots / "race.png"), full_page=True)
+        yield page
         browser.close()
-    assert (shots / "race.png").stat().st_size > 10_000
+
+
+def attached(page, selector, timeout=60_000):
+    page.locator(selector).first.wait_for(state="attached", timeout=timeout)
+
+
+def test_browser_race_shows_coloured_tokens_and_plots(page):
+    page.locator("#prompt textarea").fill("<img src=x onerror=\"window.__xss=1\"> Write a loop in Python.")
+    page.locator("#generate").click()
+    attached(page, "#spec-pane .tok-acc")
+    attached(page, "#spec-pane .tok-rep, #spec-pane .tok-bon")
+    attached(page, "#plain-pane .tok")
+    page.locator("#race-plot .js-plotly-plot").first.wait_for(timeout=60_000)
+    page.locator("#summary", has_text="identical").wait_for(timeout=60_000)  # greedy: checked when done
+    assert page.locator("#spec-pane .tok-rej").count() > 0  # rejected drafts stay visible
+    assert page.evaluate("window.__xss") is None
+    page.screenshot(path=str(SHOTS / "race.png"), full_page=True)
+    assert (SHOTS / "race.png").stat().st_size > 10_000
+
+
+def test_browser_inspector_and_theory_panel(page):
+    page.locator("#inspector").get_by_text("Inspect a drafted token").click()
+    page.locator("#decision", has_text="Round 1 of").wait_for(timeout=30_000)
+    page.locator("#theory").get_by_text("Theory next to measurement").click()
+    page.locator("#theory-plot .js-plotly-plot").first.wait_for(timeout=30_000)
+    assert page.locator("#theory-plot", has_text="measured").count() == 1
+    page.screenshot(path=str(SHOTS / "inspector-theory.png"), full_page=True)
+
+
+def test_browser_stop_cancels_and_the_next_run_works(page):
+    page.locator("#max-new input[type=number]").fill("1024")
+    page.locator("#max-new input[type=number]").press("Enter")
+    page.locator("#prompt textarea").fill(STOP_PROMPT)
+    page.locator("#generate").click()
+    attached(page, "#plain-pane .tok")
+    page.locator("#stop").click()
+    time.sleep(1.0)
+    count = page.locator("#plain-pane .tok").count()
+    time.sleep(1.5)
+    assert page.locator("#plain-pane .tok").count() == count < 1024  # nothing more arrives after Stop
+    assert page.locator("#summary", has_text="identical").count() == 0
+    page.locator("#max-new input[type=number]").fill("24")
+    page.locator("#max-new input[type=number]").press("Enter")
+    page.locator("#generate").click()
+    page.locator("#summary", has_text="identical").wait_for(timeout=60_000)
+
+
+def test_browser_escapes_text_from_a_visitor(page):
+    page.locator("#pair-box").get_by_text("Model pair").first.click()
+    page.locator("#custom-pair textarea, #custom-pair input").first.fill('<img src=x onerror="window.__xss=2">,b')
+    page.locator("#load-pair").click()
+    page.locator("#pair-status", has_text="Could not load").wait_for(timeout=60_000)
+    page.locator("#pair-status", has_text="Ready").wait_for(timeout=10_000)  # the previous pair still serves
+    assert page.evaluate("window.__xss") is None
+    page.screenshot(path=str(SHOTS / "bad-pair.png"))

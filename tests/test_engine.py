@@ -121,3 +121,11 @@ def test_bad_prompts_raise_clear_errors(tiny):
             generate(tiny, bad, SpecConfig())
     with pytest.raises(ValueError, match="context"):
         generate(tiny, "x" * 5000, SpecConfig(max_new_tokens=10))
+
+
+def test_low_draft_confidence_stops_the_draft_early_and_stays_lossless(tiny):
+    pair = with_eos(tiny, [])
+    cfg = SpecConfig(k=8, max_new_tokens=48, min_confidence=0.5)
+    out = generate(pair, PROMPT, cfg)
+    assert out.token_ids == generate(pair, PROMPT, cfg, "autoregressive").token_ids
+    assert any(len(e.drafted) < e.k for e in out.events)

@@ -1,0 +1,24 @@
+"""The benchmark CLIs run end to end on the tiny pair (their numbers are checked only for shape and sense)."""
+import json
+
+from specdec_core import bench, gpu_bench
+
+
+def test_bench_writes_json_and_table(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    report = bench.main(["--pair", "tiny", "--max-new-tokens", "12", "--limit", "2", "--json", str(out),
+                         "--compare-hf", "--dtype", "float32", "--device", "cpu"])
+    data = json.loads(out.read_text())
+    assert data["summary"]["prompts"] == 2 and data == json.loads(json.dumps(report))
+    for e in data["prompts"]:
+        assert e["identical_to_ar"] and e["ar"]["tokens"] == e["spec"]["tokens"]
+        assert {"hf_assisted", "speedup_vs_hf", "predicted_speedup", "decode_speedup"} <= set(e)
+    assert (tmp_path / "b.html").exists()
+    assert "median speedup" in capsys.readouterr().out
+
+
+def test_gpu_bench_runs_on_a_small_shape():
+    report = gpu_bench.main(["--shape", "tiny", "--device", "cpu", "--dtype", "float32", "--context", "32",
+                             "--max-new-tokens", "16"])
+    assert report["target_step_ms"] > 0 and set(report["verify_cost_vs_step"]) == set(range(1, 9))
+    assert report["plain_tokens_per_s"] > 0 and report["spec_tokens_per_s"] > 0

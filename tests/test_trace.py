@@ -1,0 +1,42 @@
+"""Traces: export a race, load it back without a model, replay it to the same state; step captions."""
+import json
+
+import pytest
+
+from app.handlers import view
+from app.race import run, start_race
+from app.teach import caption, inspect
+from app.trace import from_trace, replay_step, to_trace
+from specdec_core import SpecConfig
+
+
+def test_trace_round_trips_exactly(tiny):
+    race = run(start_race(tiny, "hello", SpecConfig(k=3, max_new_tokens=30, temperature=0.8, seed=2)))
+    data = json.loads(json.dumps(to_trace(race)))  # through JSON, as a file would
+    replayed, timeline = from_trace(data)
+    assert replayed.tokenizer is None
+    for item in timeline:
+        replay_step(replayed, item)
+    for a, b in ((race.plain, replayed.plain), (race.spec, replayed.spec)):
+        assert a.events == b.events and a.pieces == b.pieces and b.done
+    assert replayed.cfg == race.cfg and replayed.meta["prompt"] == "hello"
+    # the replayed race renders and inspects with no model at all
+    assert view(replayed, True)[0] == view(race, True)[0]
+    text, _ = inspect(replayed, 1, 1)
+    assert "Round 1" in text and "#" not in text.split("·")[0]
+    assert [t for _, e, _ in timeline for t in [e.elapsed_s]] == sorted(e.elapsed_s for _, e, _ in timeline)
+
+
+@pytest.mark.parametrize("bad", ["", "{}", '{"format": "specdec-trace", "version": 1}', "[1, 2]",
+                                 '{"format": "other"}'])
+def test_damaged_traces_are_refused_with_a_message(bad):
+    with pytest.raises(ValueError, match="trace"):
+        from_trace(bad if bad else "null")
+
+
+def test_step_captions(tiny):
+    race = run(start_race(tiny, "hello", SpecConfig(k=4, max_new_tokens=40)))
+    for e in race.spec.events:
+        words = caption(e)
+        assert f"drafted {len(e.drafted)}" in words and f"agreed with {e.accepted}" in words
+        assert ("replaced" in words) == (e.token_kind == "replacement")

@@ -40,3 +40,15 @@ def test_step_captions(tiny):
         words = caption(e)
         assert f"drafted {len(e.drafted)}" in words and f"agreed with {e.accepted}" in words
         assert ("replaced" in words) == (e.token_kind == "replacement")
+
+
+def test_the_shipped_trace_replays_without_a_model():
+    from pathlib import Path
+
+    data = (Path(__file__).resolve().parent.parent / "assets" / "trace-bundled-cpu.json").read_text()
+    race, timeline = from_trace(data)
+    for item in timeline:
+        replay_step(race, item)
+    assert race.done and race.identical is True and race.meta["pair"] == "bundled"
+    assert race.spec.stats.tokens == race.plain.stats.tokens == 96
+    assert "def is_prime" in "".join(p.text for p in race.spec.pieces)

@@ -14,7 +14,7 @@ from .limits import visitor_of
 from .race import Race, run, start_race, step
 from .render import message_html, pane_html
 
-UI_EVERY_S, PLOTS_EVERY_S = 0.12, 0.6  # streaming cadence: text often, figures less often
+UI_EVERY_S, PLOTS_EVERY_S = 0.12, 1.0  # streaming cadence: text often, figures less often (CPU they share)
 
 try:  # on Hugging Face Spaces (ZeroGPU) a GPU is attached only inside decorated calls
     import spaces
@@ -94,6 +94,9 @@ def _drive(race: Race):
     except NonFiniteLogitsError as err:
         yield view(race, True, f"Stopped: {err}. Try float32 or bfloat16 instead of float16.")
         return
+    except Exception as err:  # out of memory, a broken checkpoint...: say so, keep serving
+        yield view(race, True, f"Stopped: the generation failed ({err.__class__.__name__}: {err}).")
+        return
     yield view(race, True)
 
 
@@ -110,6 +113,8 @@ def api_generate(manager, limits, prompt, k, temperature, top_p, top_k, max_new_
             on_gpu(run)(race)
     except (ValueError, NonFiniteLogitsError) as err:
         raise gr.Error(str(err)) from None
+    except Exception as err:  # out of memory, a broken checkpoint...
+        raise gr.Error(f"The generation failed ({err.__class__.__name__}: {err}).") from None
     decode = lambda ids: pair.tokenizer.decode(ids, skip_special_tokens=True)
     spec, plain = race.spec.stats, race.plain.stats
     return {"text": decode(race.spec.token_ids), "token_ids": race.spec.token_ids,

@@ -61,7 +61,7 @@ def build_controls():
         prompt = gr.Textbox(label="Prompt", lines=3, max_lines=12, elem_id="prompt", scale=3,
                             placeholder="Ask for some code, a summary, a translation…")
         with gr.Column(scale=2, min_width=320):
-            k = gr.Slider(1, MAX_K, value=4, step=1, label="K: draft tokens per round")
+            k = gr.Slider(1, MAX_K, value=4, step=1, label="K: draft tokens per round", elem_id="k")
             max_new = gr.Slider(1, MAX_NEW_TOKENS, value=96, step=1, label="Max new tokens", elem_id="max-new")
             temperature = gr.Slider(0, MAX_TEMPERATURE, value=0.0, step=0.05, label="Temperature (0 = greedy)")
     gr.Examples(example_prompts(), inputs=prompt, label="Examples: code, editing, extraction, summary, chat, math, translation")
@@ -190,7 +190,11 @@ def build_app(manager, limits=None) -> gr.Blocks:
         state = gr.State()
 
         outputs = [plain, spec, summary, *figures, state]
-        race = partial(handlers.race_stream, manager, limits)
+        def race(prompt, k, temperature, top_p, top_k, max_new_tokens, seed, drafter, adaptive, min_confidence,
+                 request: gr.Request):  # Gradio fills `request` by its annotation (a partial would hide it)
+            yield from handlers.race_stream(manager, limits, prompt, k, temperature, top_p, top_k, max_new_tokens,
+                                            seed, drafter, adaptive, min_confidence, request)
+
         run = go.click(race, [prompt, *settings], outputs, api_visibility="private", concurrency_id="gpu")
         submit = prompt.submit(race, [prompt, *settings], outputs, api_visibility="private", concurrency_id="gpu")
         stop.click(None, cancels=[run, submit])

@@ -133,7 +133,7 @@ def test_browser_stop_cancels_and_the_next_run_works(page):
     page.locator("#max-new input[type=number]").press("Enter")
     page.locator("#prompt textarea").fill(STOP_PROMPT)
     page.locator("#generate").click()
-    attached(page, "#plain-pane .tok")
+    page.locator("#summary", has_text="Running").wait_for(timeout=60_000)  # this run, not the previous one
     page.locator("#stop").click()
     time.sleep(1.0)
     count = page.locator("#plain-pane .tok").count()

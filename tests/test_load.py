@@ -54,3 +54,44 @@ def test_memory_stays_flat_over_200_generations():
     (OUTPUT / "memory.txt").write_text(f"RSS after 20 warm-up generations: {before:.1f} MB\n"
                                        f"RSS after 200 more: {after:.1f} MB\n")
     assert after - before < 40, (before, after)
+
+
+def test_hosted_mode_limits_visitors_and_a_closed_tab_frees_its_generation():
+    """One generation per visitor in hosted mode; closing the tab cancels the running one."""
+    import os
+    import shutil
+    import time
+
+    chromium = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+    if not shutil.which(chromium):
+        (pytest.fail if os.environ.get("CI") else pytest.skip)("needs Chromium (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    # two generations may run at once, so only the per-visitor rule can refuse the second one
+    proc = AppProcess("--concurrency", "2", env={"SPECDEC_HOSTED": "1", "SPECDEC_VISITOR_TOKENS": "100000"})
+    try:
+        client = proc.client()  # ready now; client() itself retries, so later calls use this one directly
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu",
+                                                                          "--disable-background-networking"])
+            page = browser.new_page()
+            page.goto(proc.url)
+            page.get_by_text("Ready:").first.wait_for(timeout=60_000)
+            page.locator("#pair-box").get_by_text("Model pair").first.click()
+            page.locator("#load-pair").wait_for(timeout=10_000)
+            assert not page.locator("#custom-pair textarea").is_visible()  # no custom ids when hosted
+            page.locator("#max-new input[type=number]").fill("1024")
+            page.locator("#max-new input[type=number]").press("Enter")
+            page.locator("#k input[type=number]").fill("1")  # K = 1: the longest race
+            page.locator("#k input[type=number]").press("Enter")
+            page.locator("#prompt textarea").fill(LONG_PROMPT)
+            page.locator("#generate").click()
+            page.locator("#plain-pane .tok").first.wait_for(state="attached", timeout=60_000)
+            with pytest.raises(Exception, match="already have a generation running"):
+                client.predict("second", max_new_tokens=2, api_name="/generate")
+            page.close()  # the visitor leaves mid-generation
+            time.sleep(1.5)
+            assert client.predict("after", max_new_tokens=2, api_name="/generate")["stats"]["tokens"] == 2
+            browser.close()
+    finally:
+        proc.stop()

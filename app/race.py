@@ -81,7 +81,7 @@ def step(race: Race) -> Lane | None:
     lanes = [lane for lane in (race.plain, race.spec) if not lane.done]
     if not lanes:
         return None
-    lane = min(lanes, key=lambda l: l.clock)
+    lane = min(lanes, key=lambda candidate: candidate.clock)
     event = next(lane.stream)
     lane.events.append(event)
     lane.pieces.extend(pieces_for(event, lane.detok, race.tokenizer))

@@ -56,8 +56,8 @@ def sample_counts(pair, cfg, drafter):
 
 
 def p_value(pair, cfg, drafter="model"):
-    exact = exact_distribution(pair, lambda l: logits_to_probs(l, cfg["temperature"], cfg.get("top_k", 0),
-                                                               cfg.get("top_p", 1.0)))
+    warp = lambda logits: logits_to_probs(logits, cfg["temperature"], cfg.get("top_k", 0), cfg.get("top_p", 1.0))
+    exact = exact_distribution(pair, warp)
     counts = sample_counts(pair, cfg, drafter)
     assert set(counts) <= {s for s, p in exact.items() if p > 0}
     seqs = sorted(exact, key=exact.get, reverse=True)

@@ -88,7 +88,7 @@ def test_events_carry_what_the_ui_needs(tiny):
         assert len(e.target_top) == len(e.drafted) + 1 and len(e.draft_top) == len(e.drafted)
         assert (e.residual_top is None) == (e.token_kind == "bonus")
         assert e.committed == (e.drafted[: e.accepted] + [e.token])[: len(e.committed)]  # cut only at EOS
-        for a, p, q, u in zip(e.accept_probs, e.p_drafted, e.q_drafted, e.uniforms):
+        for a, p, q in zip(e.accept_probs, e.p_drafted, e.q_drafted):
             assert a == pytest.approx(min(1.0, p / q), rel=1e-5)
     assert events[-1].finished and not any(e.finished for e in events[:-1])
 

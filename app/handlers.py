@@ -7,6 +7,7 @@ from contextlib import contextmanager
 import gradio as gr
 
 from specdec_core import SpecConfig
+from specdec_core.events import Stats
 from specdec_core.sampling import NonFiniteLogitsError
 
 from . import plots
@@ -34,19 +35,19 @@ def make_config(k, temperature, top_p, top_k, max_new_tokens, seed, adaptive=Fal
                       seed=seed, adaptive=bool(adaptive), min_confidence=min_confidence or 0.0)
 
 
-def figures(race: Race):
+def figures(race: Race, plain: Stats | None, spec: Stats | None):
     return (plots.race_figure(race.plain.events, race.spec.events),
-            plots.speed_figure(race.plain.stats, race.spec.stats),
+            plots.speed_figure(plain, spec),
             plots.rounds_figure(race.spec.events),
-            plots.position_figure(race.spec.stats))
+            plots.position_figure(spec))
 
 
 def view(race: Race, with_plots: bool, note: str = ""):
     """Every output of the race, in the order the UI lists them."""
-    running = not race.done
-    summary = plots.summary_html(race.plain.stats, race.spec.stats, race.identical, running)
+    plain, spec = race.plain.stats, race.spec.stats  # summarised once per update: this runs beside the models
+    summary = plots.summary_html(plain, spec, race.identical, not race.done)
     panes = (pane_html(race.plain.pieces, "waiting…"), pane_html(race.spec.pieces, "waiting…"))
-    figs = figures(race) if with_plots else (gr.skip(),) * 4
+    figs = figures(race, plain, spec) if with_plots else (gr.skip(),) * 4
     return (*panes, summary + (message_html(note, "error") if note else ""), *figs, race)
 
 

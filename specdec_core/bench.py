@@ -36,9 +36,8 @@ def first_divergence(pair, prompt_ids, a: list[int], b: list[int]) -> dict | Non
     pos = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
     if pos is None:
         return None
-    device = pair.target.get_input_embeddings().weight.device
     with torch.inference_mode():
-        logits = pair.target(torch.tensor([prompt_ids + a[:pos]], device=device), logits_to_keep=1).logits[0, -1]
+        logits = pair.target(torch.tensor([prompt_ids + a[:pos]], device=pair.device), logits_to_keep=1).logits[0, -1]
     logp = torch.log_softmax(logits.float()[: pair.vocab], -1)
     return {"position": pos, "ar_token": a[pos], "spec_token": b[pos],
             "logprob_gap": float(logp[a[pos]] - logp[b[pos]])}
@@ -46,8 +45,7 @@ def first_divergence(pair, prompt_ids, a: list[int], b: list[int]) -> dict | Non
 
 def hf_assisted(pair, prompt_ids: list[int], cfg: SpecConfig, constant_k: bool) -> dict:
     """transformers' own assisted generation on the same checkpoints, dtype and settings."""
-    device = pair.target.get_input_embeddings().weight.device
-    ids = torch.tensor([prompt_ids], device=device)
+    ids = torch.tensor([prompt_ids], device=pair.device)
     kwargs = dict(max_new_tokens=cfg.max_new_tokens, assistant_model=pair.draft, eos_token_id=sorted(pair.eos_ids),
                   pad_token_id=pair.tokenizer.pad_token_id, do_sample=not cfg.greedy)
     if not cfg.greedy:

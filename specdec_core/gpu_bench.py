@@ -19,6 +19,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from . import SpecConfig, generate
 from .cache import CachedModel
+from .engine import Clock
 from .models import make_pair, pick_device
 from .theory import expected_speedup
 from .tiny import tiny_tokenizer
@@ -46,14 +47,11 @@ def pass_ms(model, vocab, device, context: int, n: int, reps: int = 10) -> float
     lm = CachedModel(model, vocab)
     lm.prefill(list(range(1, context)))
     x = torch.ones(n, dtype=torch.long, device=device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    times = []
+    clock, times = Clock(device), []
     for _ in range(reps + 2):
-        sync()
-        t0 = time.perf_counter()
+        clock.lap()  # synchronised start
         lm.forward(x, keep=n)
-        sync()
-        times.append(time.perf_counter() - t0)
+        times.append(clock.lap())
         lm.crop(context - 1)
     return sorted(times[2:])[reps // 2] * 1000
 

@@ -24,17 +24,18 @@ def small_queue_app():
 
 
 def test_a_full_queue_is_reported_and_the_rest_are_served(small_queue_app):
-    small_queue_app.client()
+    # connect first: client() retries until served, so it must not be what sends the long requests
+    clients = [small_queue_app.client() for _ in range(5)]
 
-    def ask(i):
+    def ask(client):
         try:
-            small_queue_app.client().predict(LONG_PROMPT, k=1, max_new_tokens=1024, api_name="/generate")
+            client.predict(LONG_PROMPT, k=1, max_new_tokens=1024, api_name="/generate")
             return "ok"
         except Exception as err:  # the client raises what the server said
             return str(err)
 
     with ThreadPoolExecutor(5) as pool:
-        outcomes = list(pool.map(ask, range(5)))
+        outcomes = list(pool.map(ask, clients))
     assert "ok" in outcomes
     assert any("full" in o.lower() for o in outcomes if o != "ok"), outcomes
 

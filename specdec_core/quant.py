@@ -1,16 +1,53 @@
-"""Making the draft cheaper. The target verifies every token, so the draft's precision and vocabulary
-change only how many drafts are accepted, never the output.
+"""Faster Linear layers for CPUs, all from PyTorch's own kernels (no extra dependency).
 
-- int8 weight-only quantisation with one scale per output channel (activations stay bfloat16/float32,
-  so it is far gentler than dynamic per-tensor quantisation), through PyTorch's own
-  `_weight_int8pack_mm` kernel: no extra dependency.
-- a head restricted to the first `keep` token ids (byte-level BPE ids are roughly in merge order, so
-  low ids are the frequent tokens); q is renormalised over that subset and is exactly what is sampled.
+- PackedLinear (both models, bfloat16 on CPUs): the weight is reordered once into oneDNN's blocked
+  layout. Same numbers as F.linear, but a one-token step of the 1.5B target fell from 222 to 156 ms
+  here and a 5-token verification pass from 304 to 192 ms.
+The draft's precision and vocabulary change only how many drafts are accepted, never the output
+(the target verifies every token), so the draft may also use:
+- DynamicInt8Linear: int8 weights (one scale per output channel) times int8 activations quantised
+  on the fly (fbgemm's dynamic linear). The fastest; used for every draft layer except down_proj.
+- Int8Linear: int8 weights, activations left in bfloat16 (`_weight_int8pack_mm`). Slower, but the
+  down_proj input carries the activation outliers that per-row int8 crushes (without it, the
+  Portuguese prompt's accepted drafts per round fell from 3.2 to 1.8).
+- PrunedHead: a head over the first `keep` token ids, q renormalised over them (off by default).
 """
 from __future__ import annotations
 
+import os
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
 import torch
 from torch import nn
+
+
+class PackedLinear(nn.Module):
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)
+        self.bias = linear.bias
+        self.out_features = linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+class DynamicInt8Linear(nn.Module):
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        w = linear.weight.detach().float()
+        scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12).double()
+        with warnings.catch_warnings():  # per-channel quantised tensors are stable; the warning is about the ao API
+            warnings.simplefilter("ignore")
+            wq = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        self.packed = torch.ops.quantized.linear_prepack(wq, bias)
+        self.out_features = linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.quantized.linear_dynamic(x.reshape(-1, x.shape[-1]).float(), self.packed, True)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
 class Int8Linear(nn.Module):
@@ -49,17 +86,36 @@ class PrunedHead(nn.Module):
         return out
 
 
+def replace_linears(model: nn.Module, make) -> nn.Module:
+    """In place: every nn.Linear `mod` named `name` becomes make(name, mod). The conversions run on a
+    thread per core (PyTorch releases the GIL in them): a warm start is mostly this."""
+    found = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        made = list(pool.map(lambda item: make(*item), found))
+    for (name, _), new in zip(found, made):
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+    return model
+
+
+def can_pack(model: nn.Module) -> bool:
+    weight = model.get_input_embeddings().weight
+    return (weight.device.type == "cpu" and weight.dtype in (torch.bfloat16, torch.float16)
+            and torch.backends.mkldnn.is_available())
+
+
+def pack_linears(model: nn.Module) -> nn.Module:
+    """In place: every plain nn.Linear left in the model becomes a PackedLinear."""
+    return replace_linears(model, lambda name, mod: PackedLinear(mod))
+
+
 def cheapen_draft(model: nn.Module, int8: bool = True, keep_vocab: int = 0) -> nn.Module:
-    """In place: int8 weight-only Linear layers and/or a pruned head. Returns the model."""
+    """In place: int8 Linear layers (dynamic, or weight-only for down_proj) and/or a pruned head."""
     head = model.get_output_embeddings()
     if keep_vocab:
-        pruned = PrunedHead(head, keep_vocab, head.weight.shape[0])
-        model.set_output_embeddings(pruned)
+        model.set_output_embeddings(PrunedHead(head, keep_vocab, head.weight.shape[0]))
         model.config.tie_word_embeddings = False
     if int8:
-        targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, nn.Linear)]
-        for name, mod in targets:
-            parent_name, _, child = name.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, child, Int8Linear(mod))
+        replace_linears(model, lambda name, mod: Int8Linear(mod) if name.endswith("down_proj")
+                        else DynamicInt8Linear(mod))
     return model

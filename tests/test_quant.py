@@ -37,3 +37,34 @@ def test_cheapened_draft_stays_lossless(tiny):
     assert all(t < 128 for e in out.events for t in e.drafted)  # the pruned head never proposes the tail
     sampled = generate(cheap, "hello there", SpecConfig(k=4, max_new_tokens=40, temperature=1.0, seed=3))
     assert len(sampled.token_ids) == 40
+
+
+def test_packed_linears_give_the_same_logits(tiny):
+    import pytest
+
+    from specdec_core.quant import PackedLinear, can_pack, pack_linears
+
+    model = copy.deepcopy(tiny.target).to(torch.bfloat16)
+    if not can_pack(model):
+        pytest.fail("oneDNN is not available in this torch build")
+    ids = torch.tensor([[5, 9, 33, 101, 7]])
+    with torch.inference_mode():
+        before = model(ids).logits
+        pack_linears(model)
+        after = model(ids).logits
+    assert any(isinstance(m, PackedLinear) for m in model.modules())
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+
+
+def test_dynamic_int8_draft_keeps_down_proj_weight_only(tiny):
+    from specdec_core.quant import DynamicInt8Linear
+
+    draft = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16), int8=True)
+    kinds = {name.rsplit(".", 1)[-1]: type(m) for name, m in draft.named_modules()
+             if isinstance(m, (Int8Linear, DynamicInt8Linear))}
+    assert kinds["down_proj"] is Int8Linear and kinds["gate_proj"] is DynamicInt8Linear
+    assert kinds["lm_head"] is DynamicInt8Linear
+    with torch.inference_mode():
+        out = draft(torch.tensor([[5, 9, 33]])).logits
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()

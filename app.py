@@ -6,7 +6,7 @@ import os
 
 from app.limits import VisitorLimits
 from app.pairs import PairManager
-from app.ui import CSS, build_app
+from app.ui import CLICK_JS, CSS, build_app
 
 
 def main(argv=None):
@@ -33,7 +33,7 @@ def main(argv=None):
         manager.load_in_background(args.pair)  # the page is up at once and shows loading progress
     demo = build_app(manager, limits)
     demo.queue(max_size=args.queue_size, default_concurrency_limit=args.concurrency)
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS, footer_links=["api"])
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS, js=CLICK_JS, footer_links=["api"])
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from specdec_core.events import Stats
 from specdec_core.sampling import NonFiniteLogitsError
 
 from . import plots
+from .i18n import t
 from .limits import visitor_of
 from .race import Race, run, start_race, step
 from .render import message_html, pane_html
@@ -45,8 +46,9 @@ def figures(race: Race, plain: Stats | None, spec: Stats | None):
 def view(race: Race, with_plots: bool, note: str = ""):
     """Every output of the race, in the order the UI lists them."""
     plain, spec = race.plain.stats, race.spec.stats  # summarised once per update: this runs beside the models
-    summary = plots.summary_html(plain, spec, race.identical, not race.done)
-    panes = (pane_html(race.plain.pieces, "waiting…"), pane_html(race.spec.pieces, "waiting…"))
+    lang = race.meta.get("lang", "en")
+    summary = plots.summary_html(plain, spec, race.identical, not race.done, lang)
+    panes = (pane_html(race.plain.pieces, t("waiting", lang)), pane_html(race.spec.pieces, t("waiting", lang)))
     figs = figures(race, plain, spec) if with_plots else (gr.skip(),) * 4
     return (*panes, summary + (message_html(note, "error") if note else ""), *figs, race)
 
@@ -66,7 +68,7 @@ def admitted(limits, request, cfg: SpecConfig):
 
 
 def race_stream(manager, limits, prompt, k, temperature, top_p, top_k, max_new_tokens, seed, drafter, adaptive,
-                min_confidence, request: gr.Request = None):
+                min_confidence, request: gr.Request = None, lang: str = "en"):
     """Generator for the Generate button: yields the panes, summary and figures as the race runs."""
     pair = manager.pair  # this run keeps this pair even if another one is loaded meanwhile
     if pair is None:
@@ -76,6 +78,7 @@ def race_stream(manager, limits, prompt, k, temperature, top_p, top_k, max_new_t
     try:
         cfg = make_config(k, temperature, top_p, top_k, max_new_tokens, seed, adaptive, min_confidence)
         race = start_race(pair, prompt, cfg, drafter)
+        race.meta["lang"] = lang
         with admitted(limits, request, cfg):
             yield from _drive(race)
     except ValueError as err:

@@ -8,30 +8,27 @@ import plotly.graph_objects as go
 from specdec_core.events import RoundEvent
 from specdec_core.theory import expected_speedup, measured_costs, verify_cost_at
 
+from .i18n import t
 from .plots import AR_COLOR, DRAFT_COLOR, LAYOUT, SPEC_COLOR, _fig
 
 
-def decision_text(e: RoundEvent, i: int, label) -> str:
+def decision_text(e: RoundEvent, i: int, label, lang: str = "en") -> str:
     """What happened at draft position i (0-based) of round e, in words; i == len(drafted) is the target's token."""
     n = e.accepted
     if i >= len(e.drafted) or i > n:
         if i > n and i < len(e.drafted):
-            return f"Position {i + 1} was drafted after the rejection at position {n + 1}: discarded without a check."
-        kind = "bonus token (all drafts accepted)" if e.token_kind == "bonus" else "target's own token"
-        return f"The {kind}: {label(e.token)!r}, p = {e.p_token:.3f}."
-    x, p, q = label(e.drafted[i]), e.p_drafted[i], e.q_drafted[i]
+            return t("discarded", lang, i=i + 1, j=n + 1)
+        return t("bonus_token" if e.token_kind == "bonus" else "own_token", lang, x=repr(label(e.token)), p=e.p_token)
+    x, p, q = repr(label(e.drafted[i])), e.p_drafted[i], e.q_drafted[i]
     if e.greedy:
-        target_best = label(e.target_top[i][0][0]) if e.target_top[i] else "?"
-        verdict = "equal: accepted" if i < n else f"different: rejected, the target's {target_best!r} replaces it"
-        return f"Greedy. Draft proposed {x!r}; the target's argmax is {target_best!r}: {verdict}."
+        y = repr(label(e.target_top[i][0][0])) if e.target_top[i] else "?"
+        return t("greedy_same" if i < n else "greedy_diff", lang, x=x, y=y)
     a, u = e.accept_probs[i], e.uniforms[i]
-    text = (f"Draft proposed {x!r} with q = {q:.3f}; the target gives it p = {p:.3f}. "
-            f"Accept with probability min(1, p/q) = {a:.3f}; drawn u = {u:.3f} ")
+    text = t("sampled", lang, x=x, q=q, p=p, a=a, u=u)
     if i < n:
-        return text + f"< {a:.3f}: accepted."
-    top = ", ".join(f"{label(t)!r} {v:.2f}" for t, v in (e.residual_top or [])[:3])
-    return text + (f"≥ {a:.3f}: rejected. The replacement {label(e.token)!r} was sampled from the residual "
-                   f"max(0, p − q), normalised (top: {top}).")
+        return text + t("sampled_ok", lang, a=a)
+    top = ", ".join(f"{label(tok)!r} {v:.2f}" for tok, v in (e.residual_top or [])[:3])
+    return text + t("sampled_no", lang, a=a, y=repr(label(e.token)), top=top)
 
 
 def decision_figure(e: RoundEvent, i: int, label) -> go.Figure:
@@ -58,7 +55,7 @@ def decision_figure(e: RoundEvent, i: int, label) -> go.Figure:
     return fig
 
 
-def theory_figure(ar_stats, spec_stats, k: int, sweep: list[tuple[int, float]] | None = None) -> go.Figure:
+def theory_figure(ar_stats, spec_stats, k: int) -> go.Figure:
     """Predicted speedup against K from this run's a, c and verify cost, with the measured point(s)."""
     fig = _fig("Theory vs measurement: speedup against K", xaxis_title="K (draft length)", yaxis_title="speedup (×)")
     if not ar_stats or not spec_stats or not spec_stats.drafted:
@@ -69,10 +66,32 @@ def theory_figure(ar_stats, spec_stats, k: int, sweep: list[tuple[int, float]] |
                     line=dict(color=AR_COLOR, dash="dot"))
     fig.add_scatter(x=ks, y=[expected_speedup(a, j, c, verify_cost_at(v, k, j)) for j in ks],
                     name=f"with the real verify cost ({v:.2f}× a step at K={k})", line=dict(color=SPEC_COLOR))
-    measured = sweep or [(k, spec_stats.decode_tokens_per_s / ar_stats.decode_tokens_per_s)]
-    fig.add_scatter(x=[m[0] for m in measured], y=[m[1] for m in measured], mode="markers",
+    fig.add_scatter(x=[k], y=[spec_stats.decode_tokens_per_s / ar_stats.decode_tokens_per_s], mode="markers",
                     name="measured (after the prefill)",
                     marker=dict(size=12, color=DRAFT_COLOR, symbol="diamond"))
     fig.add_hline(y=1.0, line_dash="dot", line_color="#999")
     fig.update_layout(**{**LAYOUT, "height": 340})
+    return fig
+
+
+SWEEP_COLORS = (SPEC_COLOR, DRAFT_COLOR, "#cc79a7", "#009e73")
+
+
+def sweep_figure(series) -> go.Figure:
+    """Measured speedup against K beside the prediction from each temperature's K = 1 run.
+
+    series: (temperature, plain Stats, K = 1 speculative Stats, [(K, measured speedup), ...]) per temperature.
+    """
+    fig = _fig("Sweep: measured vs predicted speedup against K", xaxis_title="K (draft length)",
+               yaxis_title="speedup (×)")
+    ks = list(range(1, 9))
+    for (temperature, ar, spec1, points), color in zip(series, SWEEP_COLORS):
+        a, c, v = measured_costs(ar, spec1, 1)
+        name = "greedy" if temperature == 0 else f"T = {temperature:g}"
+        fig.add_scatter(x=ks, y=[expected_speedup(a, j, c, verify_cost_at(v, 1, j)) for j in ks],
+                        name=f"{name}: predicted (a = {a:.2f})", line=dict(color=color))
+        fig.add_scatter(x=[p[0] for p in points], y=[p[1] for p in points], mode="markers", name=f"{name}: measured",
+                        marker=dict(size=11, color=color, symbol="diamond"))
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#999")
+    fig.update_layout(**{**LAYOUT, "height": 360})
     return fig

@@ -5,6 +5,8 @@ import plotly.graph_objects as go
 
 from specdec_core.events import RoundEvent, Stats
 
+from .i18n import t
+
 AR_COLOR, SPEC_COLOR, DRAFT_COLOR, VERIFY_COLOR = "#7a7a7a", "#0072b2", "#e69f00", "#56b4e9"  # Okabe-Ito
 LAYOUT = dict(template="plotly_white", height=300, margin=dict(l=50, r=20, t=50, b=40),
               font=dict(size=14), legend=dict(orientation="h", y=-0.25))
@@ -66,20 +68,16 @@ def position_figure(spec_stats: Stats | None) -> go.Figure:
     return fig
 
 
-def summary_html(ar: Stats | None, spec: Stats | None, identical: bool | None, running: bool) -> str:
+def summary_html(ar: Stats | None, spec: Stats | None, identical: bool | None, running: bool, lang: str = "en") -> str:
     """One line of headline numbers (numbers only, no user text, so nothing needs escaping)."""
+    running_text = t("running", lang)
     if spec is None or ar is None or not ar.tokens or not spec.tokens:
-        return '<div class="summary">Running…</div>' if running else ""
+        return f'<div class="summary">{running_text}</div>' if running else ""
     speedup = spec.tokens_per_s / ar.tokens_per_s if ar.tokens_per_s else 0.0
-    parts = [f"<b>Speedup {speedup:.2f}×</b>", f"{spec.tokens_per_s:.1f} vs {ar.tokens_per_s:.1f} tokens/s",
-             f"acceptance rate {spec.acceptance_rate:.0%}",
-             f"{spec.mean_accepted_length:.2f} draft tokens accepted per round "
-             f"({spec.tokens_per_round:.2f} tokens per target pass)"]
-    if running:
-        pass
-    elif identical is None:
-        parts.append("sampling: same distribution as plain decoding, different random draws")
-    else:
-        parts.append("output <b>identical</b> to plain decoding ✓" if identical else
-                     "outputs differ: see the bench's near-tie report (reduced precision)")
-    return f'<div class="summary">{"Running… " if running else ""}{" · ".join(parts)}</div>'
+    parts = [f"<b>{t('speedup', lang)} {speedup:.2f}×</b>",
+             t("vs_tokens", lang, a=spec.tokens_per_s, b=ar.tokens_per_s),
+             t("acceptance", lang, a=spec.acceptance_rate),
+             t("per_round", lang, m=spec.mean_accepted_length, t=spec.tokens_per_round)]
+    if not running:
+        parts.append(t("sampling", lang) if identical is None else t("identical" if identical else "differ", lang))
+    return f'<div class="summary">{running_text + " " if running else ""}{" · ".join(parts)}</div>'

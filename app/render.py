@@ -7,14 +7,16 @@ from dataclasses import dataclass
 from specdec_core.events import RoundEvent
 from specdec_core.text import Detokenizer, token_text
 
-# kind -> (css class, legend label, marker shown before the token for colour-blind viewers)
+from .i18n import t
+
+# kind -> (css class, marker shown before the token for colour-blind viewers); legend words in i18n.py
 KINDS = {
-    "accepted": ("tok-acc", "accepted draft token", ""),
-    "rejected": ("tok-rej", "rejected draft token (struck through)", ""),
-    "discarded": ("tok-dis", "drafted after a rejection, never checked", ""),
-    "replacement": ("tok-rep", "target's replacement after a rejection", "▸"),
-    "bonus": ("tok-bon", "bonus token from the target (all accepted)", "+"),
-    "target": ("tok-ar", "token from the target", ""),
+    "accepted": ("tok-acc", ""),
+    "rejected": ("tok-rej", ""),
+    "discarded": ("tok-dis", ""),
+    "replacement": ("tok-rep", "▸"),
+    "bonus": ("tok-bon", "+"),
+    "target": ("tok-ar", ""),
 }
 
 
@@ -24,6 +26,7 @@ class Piece:
     kind: str
     tip: str = ""
     round: int = 0
+    pos: int = 0  # 1-based position in its round for the inspector (0: nothing to inspect)
 
 
 def visible(text: str) -> str:
@@ -40,23 +43,25 @@ def pieces_for(event: RoundEvent, detok: Detokenizer, tokenizer) -> list[Piece]:
                f"q(draft) = {fmt(event.q_drafted[i])}\naccept with min(1, p/q) = {fmt(event.accept_probs[i])}")
         if event.greedy:
             tip = f"accepted · round {event.round}, position {i + 1}\ndraft token = target's argmax"
-        out.append(Piece(detok.add(tok), "accepted", tip, event.round))
+        out.append(Piece(detok.add(tok), "accepted", tip, event.round, i + 1))
     n = event.accepted
     if n < len(event.drafted) and len(event.committed) > n:  # a rejection happened (and was not cut by EOS)
         tip = (f"rejected · p = {fmt(event.p_drafted[n])}, q = {fmt(event.q_drafted[n])}, "
                f"min(1, p/q) = {fmt(event.accept_probs[n])}, drawn u = {fmt(event.uniforms[n])}")
         if event.greedy:
             tip = "rejected · the target's argmax is a different token"
-        out.append(Piece(visible(token_text(tokenizer, event.drafted[n])), "rejected", tip, event.round))
-        for t in event.drafted[n + 1:]:
-            out.append(Piece(visible(token_text(tokenizer, t)), "discarded", "drafted after a rejection: discarded unchecked",
-                             event.round))
+        out.append(Piece(visible(token_text(tokenizer, event.drafted[n])), "rejected", tip, event.round, n + 1))
+        for j, t in enumerate(event.drafted[n + 1:], start=n + 2):
+            out.append(Piece(visible(token_text(tokenizer, t)), "discarded",
+                             "drafted after a rejection: discarded unchecked", event.round, j))
     if len(event.committed) > n:
         kind = event.token_kind if event.method == "speculative" else "target"
         tip = {"replacement": "the target's own token, sampled from the residual max(0, p - q)",
                "bonus": "all drafts accepted: the verification pass gives this token for free",
                "target": "one target step"}[kind] + f"\np = {fmt(event.p_token)}"
-        out.append(Piece(detok.add(event.committed[n]), kind, tip, event.round))
+        # a replacement is explained by the rejection it follows
+        pos = {"replacement": n + 1, "bonus": len(event.drafted) + 1}.get(kind, 0)
+        out.append(Piece(detok.add(event.committed[n]), kind, tip, event.round, pos))
     if event.finished:
         tail = detok.flush()
         if tail:
@@ -76,16 +81,17 @@ def pane_html(pieces: list[Piece], placeholder: str = "") -> str:
         if p.kind == "eos":
             spans.append(f'<span class="tok-eos" title="{html.escape(p.tip)}">{html.escape(p.text)}</span>')
             continue
-        cls, _, mark = KINDS[p.kind]
+        cls, mark = KINDS[p.kind]
         marker = f'<span class="mark" aria-hidden="true">{mark}</span>' if mark else ""
-        spans.append(f'<span class="tok {cls}" data-round="{p.round}" title="{html.escape(p.tip)}">'
+        where = f' data-round="{p.round}" data-pos="{p.pos}"' if p.pos else ""
+        spans.append(f'<span class="tok {cls}"{where} title="{html.escape(p.tip)}">'
                      f"{marker}{html.escape(p.text)}</span>")
     return f'<div class="pane">{"".join(spans)}</div>'
 
 
-def legend_html() -> str:
-    items = "".join(f'<span class="tok {cls}">{mark}sample</span> {html.escape(label)}'
-                    for kind, (cls, label, mark) in KINDS.items() if kind != "target")
+def legend_html(lang: str = "en") -> str:
+    items = "".join(f'<span class="tok {cls}">{mark}{t("sample", lang)}</span> {html.escape(t("kind_" + kind, lang))}'
+                    for kind, (cls, mark) in KINDS.items() if kind != "target")
     return f'<div class="legend">{items}</div>'
 
 

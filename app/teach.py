@@ -10,22 +10,30 @@ import gradio as gr
 
 from . import plots
 from .handlers import empty_view, make_config, view
-from .inspector import decision_figure, decision_text, theory_figure
+from .i18n import t
+from .inspector import decision_figure, decision_text, sweep_figure, theory_figure
 from .race import run, start_race, step
 from .render import message_html
 from .trace import from_trace, replay_step, to_trace
 
-ORDINAL = {1: "1st", 2: "2nd", 3: "3rd"}
 
-
-def inspect(race, round_no, position):
+def inspect(race, round_no, position, lang="en"):
     if race is None or not race.spec.events:
-        return message_html("Run a generation first, then pick a round and a position.", "info"), plots._fig("")
+        return message_html(t("pick_first", lang), "info"), plots._fig("")
     events = race.spec.events
     e = events[min(max(int(round_no or 1), 1), len(events)) - 1]
     i = min(max(int(position or 1), 1), len(e.drafted) + 1) - 1
-    head = f"Round {e.round} of {len(events)} · position {i + 1} of {len(e.drafted) + 1}. "
-    return message_html(head + decision_text(e, i, race.label), "info"), decision_figure(e, i, race.label)
+    head = t("where", lang, r=e.round, n=len(events), i=i + 1, m=len(e.drafted) + 1)
+    return message_html(head + decision_text(e, i, race.label, lang), "info"), decision_figure(e, i, race.label)
+
+
+def pick(race, picked: str, lang="en"):
+    """A click on a token (CLICK_JS writes "round,position,nonce"): open the inspector there."""
+    try:
+        round_no, position = (int(x) for x in (picked or "").split(",")[:2])
+    except ValueError:
+        return (gr.skip(),) * 5
+    return (gr.Accordion(open=True), round_no, position, *inspect(race, round_no, position, lang))
 
 
 def theory(race):
@@ -34,17 +42,19 @@ def theory(race):
     return theory_figure(race.plain.stats, race.spec.stats, race.cfg.k)
 
 
-def caption(e) -> str:
-    words = f"Round {e.round}: drafted {len(e.drafted)}, the target agreed with {e.accepted}"
+def caption(e, lang="en") -> str:
+    words = t("caption", lang, r=e.round, d=len(e.drafted), a=e.accepted)
     if e.token_kind == "replacement":
-        words += f", replaced the {ORDINAL.get(e.accepted + 1, f'{e.accepted + 1}th')}"
+        n = e.accepted + 1
+        nth = f"{n}º" if t("lang_code", lang) == "pt" else {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")
+        words += t("caption_replaced", lang, nth=nth)
     elif e.token_kind == "bonus":
-        words += ", and added a bonus token"
-    return words + f", kept {len(e.committed)} token{'s' if len(e.committed) != 1 else ''}."
+        words += t("caption_bonus", lang)
+    return words + t("caption_kept", lang, n=len(e.committed), s="" if len(e.committed) == 1 else "s")
 
 
 def step_round(manager, race, prompt, k, temperature, top_p, top_k, max_new_tokens, seed, drafter, adaptive,
-               min_confidence):
+               min_confidence, lang="en"):
     """One speculative round per click (plain decoding keeps pace on the shared clock)."""
     pair = manager.pair
     try:
@@ -53,37 +63,46 @@ def step_round(manager, race, prompt, k, temperature, top_p, top_k, max_new_toke
                 raise ValueError("No model is loaded yet.")
             cfg = make_config(k, temperature, top_p, top_k, max_new_tokens, seed, adaptive, min_confidence)
             race = start_race(pair, prompt, cfg, drafter)
+        race.meta["lang"] = lang
         before = len(race.spec.events)
         while len(race.spec.events) == before and step(race):
             pass
     except ValueError as err:
         return empty_view(str(err))
     outputs = view(race, True)
-    note = message_html(caption(race.spec.events[-1]), "info") if race.spec.events else ""
+    note = message_html(caption(race.spec.events[-1], lang), "info") if race.spec.events else ""
     return (*outputs[:2], outputs[2] + note, *outputs[3:])
 
 
-def sweep(manager, prompt, k, temperature, top_p, top_k, max_new_tokens, seed, drafter, adaptive, min_confidence):
-    """Run the prompt for K = 1..8 and plot measured against predicted speedup."""
+SWEEP_TEMPERATURES = (0.7, 1.0)
+
+
+def sweep(manager, prompt, k, temperature, top_p, top_k, max_new_tokens, seed, drafter, adaptive, min_confidence,
+          temperatures=False, lang="en"):
+    """For the chosen temperature (and 0.7 and 1.0 if asked), run plain decoding once and speculative decoding
+    for K = 1..8 (up to 64 tokens each); plot measured against predicted speedup."""
     pair = manager.pair
     if pair is None:
-        yield message_html("No model is loaded yet.", "error"), gr.skip()
+        yield message_html(t("no_model", lang), "error"), gr.skip()
         return
-    points, last = [], None
+    temps = list(dict.fromkeys([float(temperature or 0), *(SWEEP_TEMPERATURES if temperatures else ())]))
+    series, total, done = [], 8 * len(temps), 0
     try:
-        for kk in range(1, 9):
-            yield message_html(f"Sweep: running K = {kk} of 8…", "info"), gr.skip()
-            cfg = make_config(kk, temperature, top_p, top_k, min(int(max_new_tokens), 64), seed, False)
-            race = run(start_race(pair, prompt, cfg, drafter))
-            points.append((kk, race.spec.stats.decode_tokens_per_s / race.plain.stats.decode_tokens_per_s))
-            last = last or race
+        for temp in temps:
+            cfg = lambda kk: make_config(kk, temp, top_p, top_k, min(int(max_new_tokens), 64), seed)
+            points, plain, first = [], None, None
+            for kk in range(1, 9):
+                done += 1
+                yield message_html(t("sweep_running", lang, temp=temp, k=kk, done=done, total=total), "info"), gr.skip()
+                race = run(start_race(pair, prompt, cfg(kk), drafter, plain=kk == 1))  # plain decoding once
+                plain, first = plain or race.plain.stats, first or race.spec.stats
+                points.append((kk, race.spec.stats.decode_tokens_per_s / plain.decode_tokens_per_s))
+            series.append((temp, plain, first, points))
     except ValueError as err:
         yield message_html(str(err), "error"), gr.skip()
         return
-    best = max(points, key=lambda p: p[1])
-    yield (message_html(f"Sweep done: fastest at K = {best[0]} ({best[1]:.2f}×). The curves use K = 1's "
-                        "measured acceptance and costs.", "info"),
-           theory_figure(last.plain.stats, last.spec.stats, 1, sweep=points))
+    best = max(((temp, kk, x) for temp, _, _, points in series for kk, x in points), key=lambda b: b[2])
+    yield message_html(t("sweep_done", lang, k=best[1], temp=best[0], x=best[2]), "info"), sweep_figure(series)
 
 
 def export(race):
@@ -94,13 +113,14 @@ def export(race):
     return str(path)
 
 
-def replay(file, speed: float = 1.0):
+def replay(file, speed: float = 1.0, lang: str = "en"):
     """Play a recorded trace at its measured timestamps (divided by `speed`); no model is needed."""
     try:
         race, timeline = from_trace(Path(file).read_text() if file else "")
     except (OSError, ValueError, UnicodeDecodeError) as err:
         yield empty_view(f"Cannot replay: {err}")
         return
+    race.meta["lang"] = lang
     start, last_plots = time.monotonic(), 0.0
     for item in timeline:
         wait = item[1].elapsed_s / max(float(speed or 1.0), 0.01) - (time.monotonic() - start)

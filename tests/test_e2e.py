@@ -1,5 +1,6 @@
 """End to end: app.py on the tiny pair, driven through gradio_client and a real headless Chromium."""
 import os
+import re
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -119,9 +120,17 @@ def test_browser_race_shows_coloured_tokens_and_plots(page):
     assert (SHOTS / "race.png").stat().st_size > 10_000
 
 
-def test_browser_inspector_and_theory_panel(page):
-    page.locator("#inspector").get_by_text("Inspect a drafted token").click()
-    page.locator("#decision", has_text="Round 1 of").wait_for(timeout=30_000)
+def visible_token(page, kind):
+    """A token of that kind with some text (bytes of a split character render as an empty span)."""
+    return page.locator(f"#spec-pane .{kind}").filter(has_text=re.compile(r"\S")).first
+
+
+def test_browser_clicking_a_token_opens_its_decision(page):
+    visible_token(page, "tok-rej").click()  # greedy: a rejected draft, explained by the argmax
+    page.locator("#decision", has_text="different: rejected").wait_for(timeout=30_000)
+    assert page.locator("#decision", has_text="Round").count() == 1
+    visible_token(page, "tok-acc").click()
+    page.locator("#decision", has_text="equal: accepted").wait_for(timeout=30_000)
     page.locator("#theory").get_by_text("Theory next to measurement").click()
     page.locator("#theory-plot .js-plotly-plot").first.wait_for(timeout=30_000)
     assert page.locator("#theory-plot", has_text="measured").count() == 1
@@ -154,3 +163,18 @@ def test_browser_escapes_text_from_a_visitor(page):
     page.locator("#pair-status", has_text="Ready").wait_for(timeout=10_000)  # the previous pair still serves
     assert page.evaluate("window.__xss") is None
     page.screenshot(path=str(SHOTS / "bad-pair.png"))
+
+
+def test_browser_language_switch_covers_labels_and_results(page):
+    page.locator("#lang").get_by_text("Português (Brasil)").click()
+    page.locator("#generate", has_text="Gerar").wait_for(timeout=10_000)
+    assert page.get_by_text("Decodificação especulativa (rascunho + alvo)").count() == 1
+    assert page.get_by_text("Inspecionar um token rascunhado").count() == 1
+    page.locator("#prompt textarea").fill("Olá")
+    page.locator("#generate").click()
+    page.locator("#summary", has_text="idêntica").wait_for(timeout=60_000)
+    visible_token(page, "tok-acc").click()
+    page.locator("#decision", has_text="iguais: aceito").wait_for(timeout=30_000)
+    page.screenshot(path=str(SHOTS / "portuguese.png"), full_page=True)
+    page.locator("#lang").get_by_text("English").click()
+    page.locator("#generate", has_text="Generate").wait_for(timeout=10_000)

@@ -1,0 +1,169 @@
+"""UI text in English and Brazilian Portuguese (anything else falls back to English)."""
+from __future__ import annotations
+
+from specdec_core.config import MAX_K, MAX_NEW_TOKENS, MAX_TEMPERATURE
+
+LANGUAGES = {"English": "en", "Português (Brasil)": "pt"}
+
+TEXT: dict[str, tuple[str, str]] = {
+    "intro": (
+        """# Speculative decoding, live
+A small **draft** model guesses the next K tokens; the large **target** model checks all K in **one** forward pass,
+keeps the longest prefix it agrees with and adds one token of its own. The output is exactly the target's own
+(token for token when greedy, the same distribution when sampling), with far fewer target passes.
+**Click any token of the speculative pane** to see why it was kept or rejected.""",
+        """# Decodificação especulativa, ao vivo
+Um modelo pequeno de **rascunho** adivinha os próximos K tokens; o modelo grande, o **alvo**, confere os K em
+**uma única** passada, mantém o maior prefixo com que concorda e acrescenta um token seu. A saída é exatamente a do
+próprio alvo (token a token no modo guloso, a mesma distribuição na amostragem), com muito menos passadas do alvo.
+**Clique em qualquer token do painel especulativo** para ver por que ele foi aceito ou rejeitado."""),
+    "fairness": (
+        """**How the race is run.** Both decoders share one device, so they take turns: each step goes to the
+decoder that is behind, and each is charged only its own compute time (synchronised on GPUs). The
+timeline you see is that shared clock, as if each had the device to itself, so the race plays at
+about half real speed. Numbers match `python -m specdec_core.bench` on the same prompt.""",
+        """**Como a corrida é feita.** Os dois decodificadores dividem um dispositivo e se revezam: cada passo vai
+para o que está atrás, e cada um é cobrado só pelo próprio tempo de computação (sincronizado em GPUs). A linha do
+tempo mostrada é esse relógio compartilhado, como se cada um tivesse o dispositivo só para si; por isso a corrida
+roda a cerca de metade da velocidade real. Os números batem com `python -m specdec_core.bench` no mesmo prompt."""),
+    "rules": (
+        f"Rules: K 1–{MAX_K}; max new tokens 1–{MAX_NEW_TOKENS}; temperature 0–{MAX_TEMPERATURE:g} (below 0.0001 "
+        "counts as 0 = greedy); top-p in (0, 1]; top-k 0 = off; seed a whole number ≥ 0. Prompt text is taken "
+        "literally: control tokens such as <|im_end|> typed in it are plain text.",
+        f"Regras: K de 1 a {MAX_K}; máximo de tokens novos de 1 a {MAX_NEW_TOKENS}; temperatura de 0 a "
+        f"{MAX_TEMPERATURE:g} (abaixo de 0,0001 vale 0 = guloso); top-p em (0, 1]; top-k 0 = desligado; semente "
+        "inteira ≥ 0. O prompt é tomado ao pé da letra: tokens de controle como <|im_end|> digitados nele são texto."),
+    "explain": (
+        """**Why the output does not change.** Each drafted token x is kept with probability min(1, p(x)/q(x)),
+where p is the target's probability and q the draft's. When it is rejected, the target's token is drawn from
+max(0, p − q), renormalised: exactly the probability mass the draft under-covered. The two cases add up to p,
+so every token has the target's own distribution (greedy: keep a draft token only if it is the target's argmax).
+
+**Why it is faster.** One target pass scores all K drafts at once, and on memory-bound hardware a pass over
+K+1 tokens costs little more than over one. With acceptance rate a, a round yields (1 − a^(K+1)) / (1 − a)
+tokens for the price of K draft steps and one target pass.""",
+        """**Por que a saída não muda.** Cada token rascunhado x é mantido com probabilidade min(1, p(x)/q(x)), onde p
+é a probabilidade do modelo alvo e q a do rascunho. Quando é rejeitado, o token do alvo é sorteado de
+max(0, p − q), renormalizada: exatamente a massa que o rascunho cobriu de menos. Os dois casos somam p, então
+cada token tem a distribuição do próprio alvo (no modo guloso: mantém o rascunho só se for o argmax do alvo).
+
+**Por que é mais rápido.** Uma passada do alvo avalia os K rascunhos de uma vez e, em hardware limitado por
+memória, uma passada sobre K+1 tokens custa pouco mais que sobre um. Com taxa de aceitação a, cada rodada rende
+(1 − a^(K+1)) / (1 − a) tokens pelo preço de K passos do rascunho e uma passada do alvo."""),
+    "theory_note": (
+        "Predicted speedup for K = 1..8 from this run's measured acceptance rate a, draft cost c (one draft step / "
+        "one target step) and verify cost; the dotted curve is the paper's model, which assumes a K+1-token pass "
+        "costs one step.",
+        "Aceleração prevista para K = 1..8 a partir da taxa de aceitação a, do custo do rascunho c (um passo do "
+        "rascunho / um passo do alvo) e do custo da verificação medidos nesta execução; a curva pontilhada é o "
+        "modelo do artigo, que supõe que uma passada sobre K+1 tokens custa um passo."),
+    "lang_code": ("en", "pt"),
+    "pair_box": ("Model pair", "Par de modelos"),
+    "pair": ("Model pair (target ← draft)", "Par de modelos (alvo ← rascunho)"),
+    "custom": ("…or custom TARGET_ID,DRAFT_ID", "…ou um par próprio ALVO_ID,RASCUNHO_ID"),
+    "load": ("Load pair", "Carregar par"),
+    "prompt": ("Prompt", "Prompt"),
+    "prompt_hint": ("Ask for some code, a summary, a translation…", "Peça um código, um resumo, uma tradução…"),
+    "k": ("K: draft tokens per round", "K: tokens rascunhados por rodada"),
+    "max_new": ("Max new tokens", "Máximo de tokens novos"),
+    "temperature": ("Temperature (0 = greedy)", "Temperatura (0 = guloso)"),
+    "more": ("More settings", "Mais opções"),
+    "top_p": ("Top-p", "Top-p"),
+    "top_k": ("Top-k (0 = off)", "Top-k (0 = desligado)"),
+    "seed": ("Seed", "Semente"),
+    "drafter": ("Drafter", "Rascunhador"),
+    "drafter_info": ("draft model · n-gram lookup in the prompt (no model) · target's first layers",
+                     "modelo de rascunho · busca de n-gramas no prompt (sem modelo) · primeiras camadas do alvo"),
+    "adaptive": ("Adaptive K (grow after full acceptance, shrink after a rejection)",
+                 "K adaptativo (cresce após aceitação total, diminui após uma rejeição)"),
+    "confidence": ("Stop a draft below this draft confidence", "Parar o rascunho abaixo desta confiança"),
+    "confidence_info": ("0 = always draft K tokens", "0 = sempre rascunhar K tokens"),
+    "generate": ("Generate", "Gerar"),
+    "stop": ("Stop", "Parar"),
+    "plain_title": ("Plain decoding (target only)", "Decodificação comum (só o alvo)"),
+    "spec_title": ("Speculative decoding (draft + target)", "Decodificação especulativa (rascunho + alvo)"),
+    "race_plot": ("Race", "Corrida"),
+    "speed_plot": ("Speed", "Velocidade"),
+    "rounds_plot": ("Rounds", "Rodadas"),
+    "positions_plot": ("Acceptance by position", "Aceitação por posição"),
+    "inspector": ("Inspect a drafted token", "Inspecionar um token rascunhado"),
+    "round": ("Round", "Rodada"),
+    "position": ("Position in the round (K+1 = target's token)", "Posição na rodada (K+1 = token do alvo)"),
+    "pq": ("p vs q", "p vs q"),
+    "theory": ("Theory next to measurement", "Teoria ao lado da medição"),
+    "theory_plot": ("Theory", "Teoria"),
+    "fill": ("Fill from the last run", "Preencher com a última execução"),
+    "sweep": ("Sweep K = 1..8 on this prompt (up to 64 tokens each)",
+              "Varrer K = 1..8 neste prompt (até 64 tokens cada)"),
+    "sweep_temps": ("Also at temperatures 0.7 and 1.0", "Também nas temperaturas 0,7 e 1,0"),
+    "sweep_running": ("Sweep: T = {temp:g}, K = {k} ({done} of {total} runs)…",
+                      "Varredura: T = {temp:g}, K = {k} ({done} de {total} execuções)…"),
+    "sweep_done": ("Sweep done: fastest at K = {k}, T = {temp:g} ({x:.2f}×). Each curve uses its temperature's "
+                   "K = 1 acceptance and costs.",
+                   "Varredura concluída: mais rápido com K = {k}, T = {temp:g} ({x:.2f}×). Cada curva usa a "
+                   "aceitação e os custos medidos com K = 1 naquela temperatura."),
+    "no_model": ("No model is loaded yet.", "Nenhum modelo carregado ainda."),
+    "step_box": ("Step through, export and replay", "Passo a passo, exportar e reproduzir"),
+    "step": ("Step one round", "Avançar uma rodada"),
+    "export": ("Export the last run as a trace", "Exportar a última execução como traço"),
+    "trace_out": ("Trace (JSON)", "Traço (JSON)"),
+    "trace_in": ("Replay a trace (no model needed)", "Reproduzir um traço (sem modelo)"),
+    "replay_speed": ("Replay speed", "Velocidade da reprodução"),
+    "replay": ("Replay", "Reproduzir"),
+    "how": ("How it works", "Como funciona"),
+    "sample": ("sample", "exemplo"),
+    "kind_accepted": ("accepted draft token", "token rascunhado aceito"),
+    "kind_rejected": ("rejected draft token (struck through)", "token rascunhado rejeitado (riscado)"),
+    "kind_discarded": ("drafted after a rejection, never checked", "rascunhado após uma rejeição, nunca conferido"),
+    "kind_replacement": ("target's replacement after a rejection", "substituto do alvo após uma rejeição"),
+    "kind_bonus": ("bonus token from the target (all accepted)", "token bônus do alvo (todos aceitos)"),
+    "waiting": ("waiting…", "aguardando…"),
+    "running": ("Running…", "Rodando…"),
+    # the summary line and the step captions
+    "speedup": ("Speedup", "Aceleração"),
+    "vs_tokens": ("{a:.1f} vs {b:.1f} tokens/s", "{a:.1f} vs {b:.1f} tokens/s"),
+    "acceptance": ("acceptance rate {a:.0%}", "taxa de aceitação {a:.0%}"),
+    "per_round": ("{m:.2f} draft tokens accepted per round ({t:.2f} tokens per target pass)",
+                  "{m:.2f} tokens rascunhados aceitos por rodada ({t:.2f} tokens por passada do alvo)"),
+    "sampling": ("sampling: same distribution as plain decoding, different random draws",
+                 "amostragem: mesma distribuição da decodificação comum, sorteios diferentes"),
+    "identical": ("output <b>identical</b> to plain decoding ✓", "saída <b>idêntica</b> à decodificação comum ✓"),
+    "differ": ("outputs differ: see the bench's near-tie report (reduced precision)",
+               "as saídas diferem: veja o relatório de quase-empates do benchmark (precisão reduzida)"),
+    "caption": ("Round {r}: drafted {d}, the target agreed with {a}",
+                "Rodada {r}: rascunhou {d}, o alvo concordou com {a}"),
+    "caption_replaced": (", replaced the {nth}", ", substituiu o {nth}"),
+    "caption_bonus": (", and added a bonus token", " e acrescentou um token bônus"),
+    "caption_kept": (", kept {n} token{s}.", ", manteve {n} token{s}."),
+    # the inspector
+    "pick_first": ("Run a generation first, then click a token or pick a round and a position.",
+                   "Gere um texto primeiro; depois clique num token ou escolha uma rodada e uma posição."),
+    "where": ("Round {r} of {n} · position {i} of {m}. ", "Rodada {r} de {n} · posição {i} de {m}. "),
+    "discarded": ("Position {i} was drafted after the rejection at position {j}: discarded without a check.",
+                  "A posição {i} foi rascunhada depois da rejeição na posição {j}: descartada sem conferência."),
+    "bonus_token": ("The bonus token (all drafts accepted): {x}, p = {p:.3f}.",
+                    "O token bônus (todos os rascunhos aceitos): {x}, p = {p:.3f}."),
+    "own_token": ("The target's own token: {x}, p = {p:.3f}.", "O token do próprio alvo: {x}, p = {p:.3f}."),
+    "greedy_same": ("Greedy. Draft proposed {x}; the target's argmax is {y}: equal: accepted.",
+                    "Guloso. O rascunho propôs {x}; o argmax do alvo é {y}: iguais: aceito."),
+    "greedy_diff": ("Greedy. Draft proposed {x}; the target's argmax is {y}: different: rejected, the target's "
+                    "{y} replaces it.",
+                    "Guloso. O rascunho propôs {x}; o argmax do alvo é {y}: diferentes: rejeitado, o {y} do alvo "
+                    "entra no lugar."),
+    "sampled": ("Draft proposed {x} with q = {q:.3f}; the target gives it p = {p:.3f}. Accept with probability "
+                "min(1, p/q) = {a:.3f}; drawn u = {u:.3f} ",
+                "O rascunho propôs {x} com q = {q:.3f}; o alvo lhe dá p = {p:.3f}. Aceita com probabilidade "
+                "min(1, p/q) = {a:.3f}; sorteado u = {u:.3f} "),
+    "sampled_ok": ("< {a:.3f}: accepted.", "< {a:.3f}: aceito."),
+    "sampled_no": ("≥ {a:.3f}: rejected. The replacement {y} was sampled from the residual max(0, p − q), "
+                   "normalised (top: {top}).",
+                   "≥ {a:.3f}: rejeitado. O substituto {y} foi sorteado do resíduo max(0, p − q), normalizado "
+                   "(maiores: {top})."),
+}
+
+
+def t(key: str, lang: str = "en", **values) -> str:
+    """The text for `key` in `lang`: a code ("en", "pt") or a LANGUAGES label."""
+    en, pt = TEXT[key]
+    text = pt if LANGUAGES.get(lang, lang) == "pt" else en
+    return text.format(**values) if values else text

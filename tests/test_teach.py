@@ -1,0 +1,80 @@
+"""Teaching tools without a browser: the sweep, clicking a token, and both languages."""
+import re
+from types import SimpleNamespace
+
+import plotly.graph_objects as go
+
+from app import teach
+from app.handlers import view
+from app.i18n import TEXT, t
+from app.inspector import decision_text
+from app.race import run, start_race
+from app.ui import build_app
+from specdec_core import SpecConfig
+
+
+def test_sweep_runs_every_k_at_every_temperature_and_plots_both(tiny):
+    manager = SimpleNamespace(pair=tiny)
+    steps = list(teach.sweep(manager, "hello", 4, 0.0, 1.0, 0, 12, 0, "model", False, 0.0, True, "en"))
+    notes = [s[0] for s in steps[:-1]]
+    assert len(notes) == 3 * 8 and "24 of 24" in notes[-1]
+    note, fig = steps[-1]
+    assert "Sweep done" in note and isinstance(fig, go.Figure)
+    measured = [tr for tr in fig.data if tr.name.endswith("measured")]
+    predicted = [tr for tr in fig.data if tr.name.endswith(")") and "predicted" in tr.name]
+    assert [tr.name.split(":")[0] for tr in measured] == ["greedy", "T = 0.7", "T = 1"]
+    assert all(list(tr.x) == list(range(1, 9)) and all(y > 0 for y in tr.y) for tr in measured)
+    assert len(predicted) == 3
+
+
+def test_sweep_without_a_model_says_so():
+    out = list(teach.sweep(SimpleNamespace(pair=None), "hi", 4, 0, 1, 0, 10, 0, "model", False, 0, False, "pt"))
+    assert "Nenhum modelo" in out[0][0]
+
+
+def test_clicked_token_positions_match_the_inspector(tiny):
+    race = run(start_race(tiny, "hello", SpecConfig(k=4, max_new_tokens=40)))
+    checked = set()
+    for piece in race.spec.pieces:
+        if not piece.pos:
+            continue
+        opened, round_no, position, text, _ = teach.pick(race, f"{piece.round},{piece.pos},123", "en")
+        assert (round_no, position) == (piece.round, piece.pos) and opened.open is True
+        expected = {"accepted": "equal: accepted", "rejected": "different: rejected", "replacement": "different",
+                    "discarded": "discarded without a check", "bonus": "bonus token"}[piece.kind]
+        assert expected in text, (piece, text)
+        checked.add(piece.kind)
+    assert {"accepted", "rejected", "replacement", "bonus"} <= checked
+    assert all(p.pos == 0 for p in race.plain.pieces)  # plain decoding has no drafts to inspect
+    assert teach.pick(race, "not a position", "en")[0] is not None  # garbage from the page is ignored
+
+
+def test_portuguese_covers_every_text_and_keeps_numbers():
+    for key, (en, pt) in TEXT.items():
+        assert en and pt, key
+        assert sorted(re.findall(r"{(\w+)", en)) == sorted(re.findall(r"{(\w+)", pt)), key  # same fields
+    assert t("generate", "Português (Brasil)") == t("generate", "pt") == "Gerar"
+    assert t("generate", "klingon") == "Generate"
+
+
+def test_results_follow_the_language(tiny):
+    race = run(start_race(tiny, "hello", SpecConfig(k=4, max_new_tokens=30)))
+    race.meta["lang"] = "pt"
+    summary = view(race, False)[2]
+    assert "Aceleração" in summary and "idêntica" in summary
+    e = next(e for e in race.spec.events if e.token_kind == "replacement")
+    assert teach.caption(e, "pt").startswith(f"Rodada {e.round}: rascunhou {len(e.drafted)}")
+    assert "rejeitado" in decision_text(e, e.accepted, race.label, "pt")
+    assert "replaced the" in teach.caption(e, "en")
+
+
+def test_the_language_switch_updates_every_registered_component(tiny):
+    manager = SimpleNamespace(pair=tiny, status="Ready", spec="tiny", allow_custom=True, loading=False)
+    tx = build_app(manager).texts
+    en, pt = tx.updates("English"), tx.updates("Português (Brasil)")
+    assert len(en) == len(tx.components) >= 45
+    texts = lambda updates: [v for u in updates for k, v in u.items() if k != "__type__"]
+    assert all(texts(en)) and all(texts(pt))
+    changed = sum(a != b for a, b in zip(texts(en), texts(pt)))
+    same = {t(key) for key in ("prompt", "top_p", "pq")}
+    assert changed == len(texts(en)) - sum(x in same for x in texts(en))  # everything else is translated

@@ -37,10 +37,11 @@ def make_config(k, temperature, top_p, top_k, max_new_tokens, seed, adaptive=Fal
 
 
 def figures(race: Race, plain: Stats | None, spec: Stats | None):
-    return (plots.race_figure(race.plain.events, race.spec.events),
-            plots.speed_figure(plain, spec),
-            plots.rounds_figure(race.spec.events),
-            plots.position_figure(spec))
+    lang = race.meta.get("lang", "en")
+    return (plots.race_figure(race.plain.events, race.spec.events, lang),
+            plots.speed_figure(plain, spec, lang),
+            plots.rounds_figure(race.spec.events, lang),
+            plots.position_figure(spec, lang))
 
 
 def view(race: Race, with_plots: bool, note: str = ""):

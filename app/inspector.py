@@ -31,33 +31,32 @@ def decision_text(e: RoundEvent, i: int, label, lang: str = "en") -> str:
     return text + t("sampled_no", lang, a=a, y=repr(label(e.token)), top=top)
 
 
-def decision_figure(e: RoundEvent, i: int, label) -> go.Figure:
+def decision_figure(e: RoundEvent, i: int, label, lang: str = "en") -> go.Figure:
     """Top target (p) and draft (q) probabilities at the position, the drafted token outlined."""
-    fig = _fig(f"Round {e.round}, position {i + 1}: p (target) vs q (draft)" + (" — model probabilities, greedy"
-                                                                               if e.greedy else ""),
-               barmode="group", yaxis_title="probability", yaxis=dict(range=[0, 1.05]))
+    fig = _fig(t("f_decision", lang, r=e.round, i=i + 1) + (t("f_greedy", lang) if e.greedy else ""),
+               barmode="group", yaxis_title=t("f_probability", lang), yaxis=dict(range=[0, 1.05]))
     if i >= len(e.target_top):
         return fig
     p_top = dict(e.target_top[i])
     q_top = dict(e.draft_top[i]) if i < len(e.draft_top) else {}
     ids = list(dict.fromkeys([*p_top, *q_top]))
-    names = [html.escape(repr(label(t))) for t in ids]
+    names = [html.escape(repr(label(tok))) for tok in ids]
     drafted = e.drafted[i] if i < len(e.drafted) else None
-    outline = [3 if t == drafted else 0 for t in ids]
-    fig.add_bar(x=names, y=[p_top.get(t, 0) for t in ids], name="p: target", marker_color=SPEC_COLOR,
+    outline = [3 if tok == drafted else 0 for tok in ids]
+    fig.add_bar(x=names, y=[p_top.get(tok, 0) for tok in ids], name=t("f_p", lang), marker_color=SPEC_COLOR,
                 marker_line=dict(width=outline, color="#000"))
     if q_top:
-        fig.add_bar(x=names, y=[q_top.get(t, 0) for t in ids], name="q: draft", marker_color=DRAFT_COLOR,
+        fig.add_bar(x=names, y=[q_top.get(tok, 0) for tok in ids], name=t("f_q", lang), marker_color=DRAFT_COLOR,
                     marker_line=dict(width=outline, color="#000"))
     if e.residual_top and i == e.accepted:
         r = dict(e.residual_top)
-        fig.add_bar(x=names, y=[r.get(t, 0) for t in ids], name="residual", marker_color=AR_COLOR)
+        fig.add_bar(x=names, y=[r.get(tok, 0) for tok in ids], name=t("f_residual", lang), marker_color=AR_COLOR)
     return fig
 
 
-def theory_figure(ar_stats, spec_stats, k: int) -> go.Figure:
+def theory_figure(ar_stats, spec_stats, k: int, lang: str = "en") -> go.Figure:
     """Predicted speedup against K from this run's a, c and verify cost, with the measured point(s)."""
-    fig = _fig("Theory vs measurement: speedup against K", xaxis_title="K (draft length)", yaxis_title="speedup (×)")
+    fig = _fig(t("f_theory", lang), xaxis_title=t("f_k", lang), yaxis_title=t("f_speedup", lang))
     if not ar_stats or not spec_stats or not spec_stats.drafted:
         return fig
     a, c, v = measured_costs(ar_stats, spec_stats, k)
@@ -65,9 +64,9 @@ def theory_figure(ar_stats, spec_stats, k: int) -> go.Figure:
     fig.add_scatter(x=ks, y=[expected_speedup(a, j, c) for j in ks], name=f"Leviathan et al. (a={a:.2f}, c={c:.2f})",
                     line=dict(color=AR_COLOR, dash="dot"))
     fig.add_scatter(x=ks, y=[expected_speedup(a, j, c, verify_cost_at(v, k, j)) for j in ks],
-                    name=f"with the real verify cost ({v:.2f}× a step at K={k})", line=dict(color=SPEC_COLOR))
+                    name=t("f_real_verify", lang, v=v, k=k), line=dict(color=SPEC_COLOR))
     fig.add_scatter(x=[k], y=[spec_stats.decode_tokens_per_s / ar_stats.decode_tokens_per_s], mode="markers",
-                    name="measured (after the prefill)",
+                    name=t("f_measured_decode", lang),
                     marker=dict(size=12, color=DRAFT_COLOR, symbol="diamond"))
     fig.add_hline(y=1.0, line_dash="dot", line_color="#999")
     fig.update_layout(**{**LAYOUT, "height": 340})
@@ -77,20 +76,20 @@ def theory_figure(ar_stats, spec_stats, k: int) -> go.Figure:
 SWEEP_COLORS = (SPEC_COLOR, DRAFT_COLOR, "#cc79a7", "#009e73")
 
 
-def sweep_figure(series) -> go.Figure:
+def sweep_figure(series, lang: str = "en") -> go.Figure:
     """Measured speedup against K beside the prediction from each temperature's K = 1 run.
 
     series: (temperature, plain Stats, K = 1 speculative Stats, [(K, measured speedup), ...]) per temperature.
     """
-    fig = _fig("Sweep: measured vs predicted speedup against K", xaxis_title="K (draft length)",
-               yaxis_title="speedup (×)")
+    fig = _fig(t("f_sweep", lang), xaxis_title=t("f_k", lang), yaxis_title=t("f_speedup", lang))
     ks = list(range(1, 9))
     for (temperature, ar, spec1, points), color in zip(series, SWEEP_COLORS):
         a, c, v = measured_costs(ar, spec1, 1)
-        name = "greedy" if temperature == 0 else f"T = {temperature:g}"
+        name = t("f_greedy_short", lang) if temperature == 0 else f"T = {temperature:g}"
         fig.add_scatter(x=ks, y=[expected_speedup(a, j, c, verify_cost_at(v, 1, j)) for j in ks],
-                        name=f"{name}: predicted (a = {a:.2f})", line=dict(color=color))
-        fig.add_scatter(x=[p[0] for p in points], y=[p[1] for p in points], mode="markers", name=f"{name}: measured",
+                        name=t("f_predicted", lang, name=name, a=a), line=dict(color=color))
+        fig.add_scatter(x=[p[0] for p in points], y=[p[1] for p in points], mode="markers",
+                        name=t("f_measured", lang, name=name),
                         marker=dict(size=11, color=color, symbol="diamond"))
     fig.add_hline(y=1.0, line_dash="dot", line_color="#999")
     fig.update_layout(**{**LAYOUT, "height": 360})

@@ -18,11 +18,10 @@ def _fig(title: str, **layout) -> go.Figure:
     return fig
 
 
-def race_figure(ar: list[RoundEvent], spec: list[RoundEvent]) -> go.Figure:
+def race_figure(ar: list[RoundEvent], spec: list[RoundEvent], lang: str = "en") -> go.Figure:
     """Tokens generated against each decoder's own elapsed compute time."""
-    fig = _fig("The race: tokens generated over time", xaxis_title="seconds (own compute time)",
-               yaxis_title="tokens")
-    for name, events, color in (("plain decoding", ar, AR_COLOR), ("speculative", spec, SPEC_COLOR)):
+    fig = _fig(t("f_race", lang), xaxis_title=t("f_own_seconds", lang), yaxis_title="tokens")
+    for name, events, color in ((t("f_plain", lang), ar, AR_COLOR), (t("f_spec", lang), spec, SPEC_COLOR)):
         xs = [0.0] + [e.elapsed_s for e in events]
         ys = [0] + [e.n_generated for e in events]
         fig.add_scatter(x=xs, y=ys, name=name, mode="lines+markers", line=dict(color=color, shape="hv", width=3),
@@ -30,40 +29,40 @@ def race_figure(ar: list[RoundEvent], spec: list[RoundEvent]) -> go.Figure:
     return fig
 
 
-def speed_figure(ar: Stats | None, spec: Stats | None) -> go.Figure:
+def speed_figure(ar: Stats | None, spec: Stats | None, lang: str = "en") -> go.Figure:
     """Tokens per second of each decoder, and where the speculative decoder's time goes."""
-    fig = _fig("Speed, and where the time goes", barmode="stack", yaxis_title="tokens / s")
-    names = ["plain", "speculative"]
+    fig = _fig(t("f_speed", lang), barmode="stack", yaxis_title="tokens / s")
+    names = [t("f_plain_short", lang), t("f_spec", lang)]
     rates = [s.tokens_per_s if s else 0.0 for s in (ar, spec)]
     fig.add_bar(x=names, y=rates, marker_color=[AR_COLOR, SPEC_COLOR], name="tokens / s",
                 text=[f"{r:.1f}" for r in rates], textposition="auto", xaxis="x", yaxis="y")
-    parts = [("prefill", "prefill_s", "#cccccc"), ("drafting", "draft_s", DRAFT_COLOR),
-             ("verifying / target steps", "verify_s", VERIFY_COLOR), ("other", "overhead_s", "#999999")]
+    parts = [(t("f_prefill", lang), "prefill_s", "#cccccc"), (t("f_drafting", lang), "draft_s", DRAFT_COLOR),
+             (t("f_verifying", lang), "verify_s", VERIFY_COLOR), (t("f_other", lang), "overhead_s", "#999999")]
     for label, key, color in parts:
         fig.add_bar(x=[getattr(s, key) for s in (ar, spec) if s is not None],
                     y=[n for n, s in zip(names, (ar, spec)) if s is not None], orientation="h", name=label,
                     marker_color=color, xaxis="x2", yaxis="y2")
-    fig.update_layout(xaxis=dict(domain=[0, 0.4]), xaxis2=dict(domain=[0.55, 1], title="seconds"),
+    fig.update_layout(xaxis=dict(domain=[0, 0.4]), xaxis2=dict(domain=[0.55, 1], title=t("f_seconds", lang)),
                       yaxis2=dict(anchor="x2"), height=320)
     return fig
 
 
-def rounds_figure(spec: list[RoundEvent]) -> go.Figure:
+def rounds_figure(spec: list[RoundEvent], lang: str = "en") -> go.Figure:
     """Accepted draft tokens in each round, with the draft length K asked for."""
-    fig = _fig("Accepted draft tokens per round", xaxis_title="round", yaxis_title="tokens")
+    fig = _fig(t("f_rounds", lang), xaxis_title=t("f_round", lang), yaxis_title="tokens")
     rounds = [e.round for e in spec]
-    fig.add_bar(x=rounds, y=[e.accepted for e in spec], name="accepted", marker_color=SPEC_COLOR)
-    fig.add_scatter(x=rounds, y=[len(e.drafted) for e in spec], name="drafted (K)", mode="lines",
+    fig.add_bar(x=rounds, y=[e.accepted for e in spec], name=t("f_accepted", lang), marker_color=SPEC_COLOR)
+    fig.add_scatter(x=rounds, y=[len(e.drafted) for e in spec], name=t("f_drafted", lang), mode="lines",
                     line=dict(color=DRAFT_COLOR, dash="dot", shape="hv"))
     return fig
 
 
-def position_figure(spec_stats: Stats | None) -> go.Figure:
+def position_figure(spec_stats: Stats | None, lang: str = "en") -> go.Figure:
     """P(accepted | reached) at each draft position: acceptance decays along the draft."""
-    fig = _fig("Acceptance rate by draft position", xaxis_title="draft position", yaxis_title="acceptance",
+    fig = _fig(t("f_positions", lang), xaxis_title=t("f_position", lang), yaxis_title=t("f_acceptance", lang),
                yaxis=dict(range=[0, 1.05]))
     rates = spec_stats.acceptance_by_position if spec_stats else []
-    fig.add_bar(x=list(range(1, len(rates) + 1)), y=rates, marker_color=SPEC_COLOR, name="acceptance",
+    fig.add_bar(x=list(range(1, len(rates) + 1)), y=rates, marker_color=SPEC_COLOR, name=t("f_acceptance", lang),
                 text=[f"{r:.0%}" for r in rates], textposition="auto")
     return fig
 

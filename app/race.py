@@ -84,7 +84,7 @@ def step(race: Race) -> Lane | None:
     lane = min(lanes, key=lambda candidate: candidate.clock)
     event = next(lane.stream)
     lane.events.append(event)
-    lane.pieces.extend(pieces_for(event, lane.detok, race.tokenizer))
+    lane.pieces.extend(pieces_for(event, lane.detok, race.tokenizer, race.meta.get("lang", "en")))
     lane.done = event.finished
     return lane
 

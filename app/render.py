@@ -34,42 +34,32 @@ def visible(text: str) -> str:
     return text.replace("\n", "↵").replace("\t", "⇥").replace(" ", "·") or "∅"
 
 
-def pieces_for(event: RoundEvent, detok: Detokenizer, tokenizer) -> list[Piece]:
+def pieces_for(event: RoundEvent, detok: Detokenizer, tokenizer, lang: str = "en") -> list[Piece]:
     """The pieces one round adds to a pane, in the order the audience should read them."""
     out: list[Piece] = []
-    fmt = lambda x: f"{x:.3f}"
-    for i, tok in enumerate(event.committed[: event.accepted]):
-        tip = (f"accepted · round {event.round}, position {i + 1}\np(target) = {fmt(event.p_drafted[i])}, "
-               f"q(draft) = {fmt(event.q_drafted[i])}\naccept with min(1, p/q) = {fmt(event.accept_probs[i])}")
-        if event.greedy:
-            tip = f"accepted · round {event.round}, position {i + 1}\ndraft token = target's argmax"
-        out.append(Piece(detok.add(tok), "accepted", tip, event.round, i + 1))
-    n = event.accepted
-    if n < len(event.drafted) and len(event.committed) > n:  # a rejection happened (and was not cut by EOS)
-        tip = (f"rejected · p = {fmt(event.p_drafted[n])}, q = {fmt(event.q_drafted[n])}, "
-               f"min(1, p/q) = {fmt(event.accept_probs[n])}, drawn u = {fmt(event.uniforms[n])}")
-        if event.greedy:
-            tip = "rejected · the target's argmax is a different token"
-        out.append(Piece(visible(token_text(tokenizer, event.drafted[n])), "rejected", tip, event.round, n + 1))
-        for j, t in enumerate(event.drafted[n + 1:], start=n + 2):
-            out.append(Piece(visible(token_text(tokenizer, t)), "discarded",
-                             "drafted after a rejection: discarded unchecked", event.round, j))
-    if len(event.committed) > n:
-        kind = event.token_kind if event.method == "speculative" else "target"
-        tip = {"replacement": "the target's own token, sampled from the residual max(0, p - q)",
-               "bonus": "all drafts accepted: the verification pass gives this token for free",
-               "target": "one target step"}[kind] + f"\np = {fmt(event.p_token)}"
+    e, n = event, event.accepted
+    for i, tok in enumerate(e.committed[:n]):
+        tip = (t("tip_accepted_greedy", lang, r=e.round, i=i + 1) if e.greedy else
+               t("tip_accepted", lang, r=e.round, i=i + 1, p=e.p_drafted[i], q=e.q_drafted[i], a=e.accept_probs[i]))
+        out.append(Piece(detok.add(tok), "accepted", tip, e.round, i + 1))
+    if n < len(e.drafted) and len(e.committed) > n:  # a rejection happened (and was not cut by EOS)
+        tip = (t("tip_rejected_greedy", lang) if e.greedy else
+               t("tip_rejected", lang, p=e.p_drafted[n], q=e.q_drafted[n], a=e.accept_probs[n], u=e.uniforms[n]))
+        out.append(Piece(visible(token_text(tokenizer, e.drafted[n])), "rejected", tip, e.round, n + 1))
+        for j, tok in enumerate(e.drafted[n + 1:], start=n + 2):
+            out.append(Piece(visible(token_text(tokenizer, tok)), "discarded", t("tip_discarded", lang), e.round, j))
+    if len(e.committed) > n:
+        kind = e.token_kind if e.method == "speculative" else "target"
+        tip = t("tip_" + kind, lang, p=e.p_token)
         # a replacement is explained by the rejection it follows
-        pos = {"replacement": n + 1, "bonus": len(event.drafted) + 1}.get(kind, 0)
-        out.append(Piece(detok.add(event.committed[n]), kind, tip, event.round, pos))
-    if event.finished:
+        pos = {"replacement": n + 1, "bonus": len(e.drafted) + 1}.get(kind, 0)
+        out.append(Piece(detok.add(e.committed[n]), kind, tip, e.round, pos))
+    if e.finished:
         tail = detok.flush()
         if tail:
-            out.append(Piece(tail, out[-1].kind if out else "target", "", event.round))
-        if event.finish_reason == "eos":
-            out.append(Piece("end", "eos", "the model ended its answer (EOS)", event.round))
-        elif event.finish_reason == "length":
-            out.append(Piece("max tokens", "eos", "max new tokens reached", event.round))
+            out.append(Piece(tail, out[-1].kind if out else "target", "", e.round))
+        if e.finish_reason in ("eos", "length"):
+            out.append(Piece(t("end_" + e.finish_reason, lang), "eos", t("tip_" + e.finish_reason, lang), e.round))
     return out
 
 

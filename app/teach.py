@@ -24,7 +24,7 @@ def inspect(race, round_no, position, lang="en"):
     e = events[min(max(int(round_no or 1), 1), len(events)) - 1]
     i = min(max(int(position or 1), 1), len(e.drafted) + 1) - 1
     head = t("where", lang, r=e.round, n=len(events), i=i + 1, m=len(e.drafted) + 1)
-    return message_html(head + decision_text(e, i, race.label, lang), "info"), decision_figure(e, i, race.label)
+    return message_html(head + decision_text(e, i, race.label, lang), "info"), decision_figure(e, i, race.label, lang)
 
 
 def pick(race, picked: str, lang="en"):
@@ -36,10 +36,10 @@ def pick(race, picked: str, lang="en"):
     return (gr.Accordion(open=True), round_no, position, *inspect(race, round_no, position, lang))
 
 
-def theory(race):
+def theory(race, lang="en"):
     if race is None or not race.done:
-        return plots._fig("Run a generation to fill the model with measured numbers")
-    return theory_figure(race.plain.stats, race.spec.stats, race.cfg.k)
+        return plots._fig(t("f_theory_empty", lang))
+    return theory_figure(race.plain.stats, race.spec.stats, race.cfg.k, lang)
 
 
 def caption(e, lang="en") -> str:
@@ -102,7 +102,7 @@ def sweep(manager, prompt, k, temperature, top_p, top_k, max_new_tokens, seed, d
         yield message_html(str(err), "error"), gr.skip()
         return
     best = max(((temp, kk, x) for temp, _, _, points in series for kk, x in points), key=lambda b: b[2])
-    yield message_html(t("sweep_done", lang, k=best[1], temp=best[0], x=best[2]), "info"), sweep_figure(series)
+    yield message_html(t("sweep_done", lang, k=best[1], temp=best[0], x=best[2]), "info"), sweep_figure(series, lang)
 
 
 def export(race):

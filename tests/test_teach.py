@@ -58,10 +58,16 @@ def test_portuguese_covers_every_text_and_keeps_numbers():
 
 
 def test_results_follow_the_language(tiny):
-    race = run(start_race(tiny, "hello", SpecConfig(k=4, max_new_tokens=30)))
+    race = start_race(tiny, "hello", SpecConfig(k=4, max_new_tokens=30))
     race.meta["lang"] = "pt"
-    summary = view(race, False)[2]
-    assert "Aceleração" in summary and "idêntica" in summary
+    run(race)
+    outputs = view(race, True)
+    assert "Aceleração" in outputs[2] and "idêntica" in outputs[2]
+    assert [fig.layout.title.text for fig in outputs[3:7]] == [
+        t(key, "pt") for key in ("f_race", "f_speed", "f_rounds", "f_positions")]
+    tips = {p.kind: p.tip for p in race.spec.pieces}
+    assert tips["accepted"].startswith("aceito · rodada") and tips["rejected"].startswith("rejeitado")
+    assert "máx. de tokens" in outputs[1]
     e = next(e for e in race.spec.events if e.token_kind == "replacement")
     assert teach.caption(e, "pt").startswith(f"Rodada {e.round}: rascunhou {len(e.drafted)}")
     assert "rejeitado" in decision_text(e, e.accepted, race.label, "pt")

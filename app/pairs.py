@@ -121,6 +121,7 @@ class PairManager:
         finally:
             self.loading = False
             self._lock.release()
+        print(self.status, flush=True)  # the terminal that started the app sees it too
         return self.status
 
     def load_in_background(self, spec: str) -> threading.Thread:

@@ -170,11 +170,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="auto")
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts")
+    ap.add_argument("--draft-int8", default="mixed", choices=["mixed", "dynamic", "weight-only"],
+                    help="how the draft is quantised where an int8 draft is used (CPUs in bfloat16)")
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
     target, _, draft = args.pair.partition(",")
-    pair = load_pair(target, draft or None, device=args.device, dtype=args.dtype)
+    pair = load_pair(target, draft or None, device=args.device, dtype=args.dtype, int8_mode=args.draft_int8)
     load_s = time.perf_counter() - t0
     cfg = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature, adaptive=args.adaptive,
                      min_confidence=args.min_confidence)
@@ -193,6 +195,7 @@ def main(argv=None) -> dict:
         print(f"{e['id']}: {e['speedup']:.2f}x, acceptance {e['spec']['acceptance_rate']:.2f}", flush=True)
     report = {"pair": pair.name, "models": {"target": pair.info.get("target"), "draft": pair.info.get("draft")},
               "device": str(pair.device), "dtype": str(pair.dtype).replace("torch.", ""),
+              "cpu_kernels": {k: pair.info[k] for k in ("draft_quant", "packed") if k in pair.info},
               "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", {torch.get_num_threads()} threads",
               "settings": {"k": cfg.k, "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
                            "drafter": args.drafter, "adaptive": cfg.adaptive, "min_confidence": cfg.min_confidence,

@@ -80,11 +80,12 @@ def make_pair(name, target, draft, tokenizer, device, dtype, info=None) -> Pair:
 
 def load_pair(target: str = "bundled", draft: str | None = None, device: str = "auto", dtype: str = "auto",
               progress: Progress | None = None, cache_dir: str | os.PathLike | None = None,
-              draft_int8: bool | str = "auto", pack: bool | str = "auto") -> Pair:
+              draft_int8: bool | str = "auto", pack: bool | str = "auto", int8_mode: str = "mixed") -> Pair:
     """"bundled" (offline default), "tiny" (random, for tests), or a target and draft hub id / local dir.
 
     On CPUs in bfloat16 ("auto"; see quant.py for the measurements):
-    draft_int8: an int8 draft. It changes the draft's speed and guesses, never the output.
+    draft_int8: an int8 draft (int8_mode: see quant.cheapen_draft). It changes the draft's speed and
+    guesses, never the output.
     pack: every remaining Linear weight prepacked for oneDNN (same numbers, faster steps).
     """
     progress = progress or (lambda f, m: None)
@@ -107,8 +108,8 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
 
     cpu_bf16 = dev.type == "cpu" and dt == torch.bfloat16
     if pair.draft is not None and (draft_int8 is True or (draft_int8 == "auto" and cpu_bf16)):
-        cheapen_draft(pair.draft, int8=True)
-        pair.info["draft_quant"] = "int8 (dynamic; down_proj weight-only)"
+        cheapen_draft(pair.draft, int8=True, mode=int8_mode)
+        pair.info["draft_quant"] = f"int8 ({int8_mode})"
     if pack is True or (pack == "auto" and cpu_bf16):
         for model in (pair.target, pair.draft):
             if model is not None and can_pack(model):

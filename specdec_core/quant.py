@@ -109,13 +109,19 @@ def pack_linears(model: nn.Module) -> nn.Module:
     return replace_linears(model, lambda name, mod: PackedLinear(mod))
 
 
-def cheapen_draft(model: nn.Module, int8: bool = True, keep_vocab: int = 0) -> nn.Module:
-    """In place: int8 Linear layers (dynamic, or weight-only for down_proj) and/or a pruned head."""
+INT8_MODES = ("mixed", "dynamic", "weight-only")
+
+
+def cheapen_draft(model: nn.Module, int8: bool = True, keep_vocab: int = 0, mode: str = "mixed") -> nn.Module:
+    """In place: int8 Linear layers and/or a pruned head. mode: "mixed" (dynamic, but down_proj
+    weight-only), "dynamic" or "weight-only" everywhere."""
+    if mode not in INT8_MODES:
+        raise ValueError(f"int8 mode must be one of {', '.join(INT8_MODES)}, got {mode!r}")
     head = model.get_output_embeddings()
     if keep_vocab:
         model.set_output_embeddings(PrunedHead(head, keep_vocab, head.weight.shape[0]))
         model.config.tie_word_embeddings = False
     if int8:
-        replace_linears(model, lambda name, mod: Int8Linear(mod) if name.endswith("down_proj")
-                        else DynamicInt8Linear(mod))
+        weight_only = lambda name: mode == "weight-only" or (mode == "mixed" and name.endswith("down_proj"))
+        replace_linears(model, lambda name, mod: Int8Linear(mod) if weight_only(name) else DynamicInt8Linear(mod))
     return model

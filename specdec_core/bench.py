@@ -170,13 +170,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="auto")
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts")
-    ap.add_argument("--draft-int8", default="mixed", choices=["mixed", "dynamic", "weight-only"],
-                    help="how the draft is quantised where an int8 draft is used (CPUs in bfloat16)")
+    ap.add_argument("--draft-int8", default="mixed", choices=["mixed", "dynamic", "weight-only", "off"],
+                    help="how the draft is quantised on CPUs (off: as loaded)")
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
     target, _, draft = args.pair.partition(",")
-    pair = load_pair(target, draft or None, device=args.device, dtype=args.dtype, int8_mode=args.draft_int8)
+    off = args.draft_int8 == "off"
+    pair = load_pair(target, draft or None, device=args.device, dtype=args.dtype, draft_int8="auto" if not off else False,
+                     int8_mode="mixed" if off else args.draft_int8)
     load_s = time.perf_counter() - t0
     cfg = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature, adaptive=args.adaptive,
                      min_confidence=args.min_confidence)

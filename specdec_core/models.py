@@ -83,10 +83,10 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
               draft_int8: bool | str = "auto", pack: bool | str = "auto", int8_mode: str = "mixed") -> Pair:
     """"bundled" (offline default), "tiny" (random, for tests), or a target and draft hub id / local dir.
 
-    On CPUs in bfloat16 ("auto"; see quant.py for the measurements):
-    draft_int8: an int8 draft (int8_mode: see quant.cheapen_draft). It changes the draft's speed and
-    guesses, never the output.
-    pack: every remaining Linear weight prepacked for oneDNN (same numbers, faster steps).
+    "auto" (see quant.py for the measurements):
+    draft_int8: an int8 draft on CPUs (int8_mode: see quant.cheapen_draft). It changes the draft's
+    speed and guesses, never the output.
+    pack: on CPUs in bfloat16, every remaining Linear weight prepacked for oneDNN (same numbers, faster).
     """
     progress = progress or (lambda f, m: None)
     dev = pick_device(device)
@@ -107,7 +107,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     from .quant import can_pack, cheapen_draft, pack_linears
 
     cpu_bf16 = dev.type == "cpu" and dt == torch.bfloat16
-    if pair.draft is not None and (draft_int8 is True or (draft_int8 == "auto" and cpu_bf16)):
+    if pair.draft is not None and (draft_int8 is True or (draft_int8 == "auto" and dev.type == "cpu")):
         cheapen_draft(pair.draft, int8=True, mode=int8_mode)
         pair.info["draft_quant"] = f"int8 ({int8_mode})"
     if pack is True or (pack == "auto" and cpu_bf16):

@@ -112,6 +112,13 @@ def pack_linears(model: nn.Module) -> nn.Module:
 INT8_MODES = ("mixed", "dynamic", "weight-only")
 
 
+def _mixed(name: str, mod: nn.Linear) -> nn.Module:
+    if not name.endswith("down_proj"):
+        return DynamicInt8Linear(mod)
+    # PyTorch's weight-only int8 kernel is slow with float32 activations: there down_proj stays as it is
+    return mod if mod.weight.dtype == torch.float32 else Int8Linear(mod)
+
+
 def cheapen_draft(model: nn.Module, int8: bool = True, keep_vocab: int = 0, mode: str = "mixed") -> nn.Module:
     """In place: int8 Linear layers and/or a pruned head. mode: "mixed" (dynamic, but down_proj
     weight-only), "dynamic" or "weight-only" everywhere."""
@@ -122,6 +129,7 @@ def cheapen_draft(model: nn.Module, int8: bool = True, keep_vocab: int = 0, mode
         model.set_output_embeddings(PrunedHead(head, keep_vocab, head.weight.shape[0]))
         model.config.tie_word_embeddings = False
     if int8:
-        weight_only = lambda name: mode == "weight-only" or (mode == "mixed" and name.endswith("down_proj"))
-        replace_linears(model, lambda name, mod: Int8Linear(mod) if weight_only(name) else DynamicInt8Linear(mod))
+        make = {"mixed": _mixed, "dynamic": lambda name, mod: DynamicInt8Linear(mod),
+                "weight-only": lambda name, mod: Int8Linear(mod)}[mode]
+        replace_linears(model, make)
     return model

@@ -65,6 +65,9 @@ def test_dynamic_int8_draft_keeps_down_proj_weight_only(tiny):
              if isinstance(m, (Int8Linear, DynamicInt8Linear))}
     assert kinds["down_proj"] is Int8Linear and kinds["gate_proj"] is DynamicInt8Linear
     assert kinds["lm_head"] is DynamicInt8Linear
+    fp32 = cheapen_draft(copy.deepcopy(tiny.draft).float())  # the weight-only kernel is slow in float32
+    assert type(fp32.model.layers[0].mlp.down_proj) is torch.nn.Linear
+    assert isinstance(fp32.model.layers[0].mlp.up_proj, DynamicInt8Linear)
     for mode, down, gate in (("dynamic", DynamicInt8Linear, DynamicInt8Linear), ("weight-only", Int8Linear, Int8Linear)):
         other = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16), mode=mode)
         assert isinstance(other.model.layers[0].mlp.down_proj, down)

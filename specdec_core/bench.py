@@ -177,8 +177,8 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     target, _, draft = args.pair.partition(",")
     off = args.draft_int8 == "off"
-    pair = load_pair(target, draft or None, device=args.device, dtype=args.dtype, draft_int8="auto" if not off else False,
-                     int8_mode="mixed" if off else args.draft_int8)
+    pair = load_pair(target, draft or None, device=args.device, dtype=args.dtype,
+                     draft_int8=False if off else "auto", int8_mode="mixed" if off else args.draft_int8)
     load_s = time.perf_counter() - t0
     cfg = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature, adaptive=args.adaptive,
                      min_confidence=args.min_confidence)

@@ -57,7 +57,6 @@ memória, uma passada sobre K+1 tokens custa pouco mais que sobre um. Com taxa d
         "Aceleração prevista para K = 1..8 a partir da taxa de aceitação a, do custo do rascunho c (um passo do "
         "rascunho / um passo do alvo) e do custo da verificação medidos nesta execução; a curva pontilhada é o "
         "modelo do artigo, que supõe que uma passada sobre K+1 tokens custa um passo."),
-    "lang_code": ("en", "pt"),
     "pair_box": ("Model pair", "Par de modelos"),
     "pair": ("Model pair (target ← draft)", "Par de modelos (alvo ← rascunho)"),
     "custom": ("…or custom TARGET_ID,DRAFT_ID", "…ou um par próprio ALVO_ID,RASCUNHO_ID"),
@@ -221,8 +220,13 @@ memória, uma passada sobre K+1 tokens custa pouco mais que sobre um. Com taxa d
 }
 
 
+def code(lang: str) -> str:
+    """A language's code: "en" or "pt" from a code or a LANGUAGES label."""
+    return LANGUAGES.get(lang, lang)
+
+
 def t(key: str, lang: str = "en", **values) -> str:
     """The text for `key` in `lang`: a code ("en", "pt") or a LANGUAGES label."""
     en, pt = TEXT[key]
-    text = pt if LANGUAGES.get(lang, lang) == "pt" else en
+    text = pt if code(lang) == "pt" else en
     return text.format(**values) if values else text

@@ -10,7 +10,7 @@ import gradio as gr
 
 from . import plots
 from .handlers import empty_view, make_config, view
-from .i18n import t
+from .i18n import code, t
 from .inspector import decision_figure, decision_text, sweep_figure, theory_figure
 from .race import run, start_race, step
 from .render import message_html
@@ -46,7 +46,7 @@ def caption(e, lang="en") -> str:
     words = t("caption", lang, r=e.round, d=len(e.drafted), a=e.accepted)
     if e.token_kind == "replacement":
         n = e.accepted + 1
-        nth = f"{n}º" if t("lang_code", lang) == "pt" else {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")
+        nth = f"{n}º" if code(lang) == "pt" else {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")
         words += t("caption_replaced", lang, nth=nth)
     elif e.token_kind == "bonus":
         words += t("caption_bonus", lang)

@@ -19,6 +19,7 @@ import torch
 
 from . import SpecConfig, generate, load_pair, make_drafter
 from .engine import prepare
+from .quant import INT8_MODES
 from .theory import expected_speedup, measured_costs
 
 STAT_KEYS = ("tokens", "seconds", "tokens_per_s")
@@ -170,15 +171,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="auto")
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts")
-    ap.add_argument("--draft-int8", default="mixed", choices=["mixed", "dynamic", "weight-only", "off"],
+    ap.add_argument("--draft-int8", default="mixed", choices=[*INT8_MODES, "off"],
                     help="how the draft is quantised on CPUs (off: as loaded)")
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
     target, _, draft = args.pair.partition(",")
-    off = args.draft_int8 == "off"
     pair = load_pair(target, draft or None, device=args.device, dtype=args.dtype,
-                     draft_int8=False if off else "auto", int8_mode="mixed" if off else args.draft_int8)
+                     draft_int8=False if args.draft_int8 == "off" else "auto", int8_mode=args.draft_int8)
     load_s = time.perf_counter() - t0
     cfg = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature, adaptive=args.adaptive,
                      min_confidence=args.min_confidence)

@@ -22,6 +22,11 @@ import torch
 from torch import nn
 
 
+def channel_scales(w: torch.Tensor) -> torch.Tensor:
+    """One int8 scale per output channel (row) of a float32 weight."""
+    return (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+
+
 class PackedLinear(nn.Module):
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -37,7 +42,7 @@ class DynamicInt8Linear(nn.Module):
     def __init__(self, linear: nn.Linear):
         super().__init__()
         w = linear.weight.detach().float()
-        scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12).double()
+        scale = channel_scales(w).double()
         with warnings.catch_warnings():  # per-channel quantised tensors are stable; the warning is about the ao API
             warnings.simplefilter("ignore")
             wq = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
@@ -54,7 +59,7 @@ class Int8Linear(nn.Module):
     def __init__(self, linear: nn.Linear):
         super().__init__()
         w = linear.weight.detach().float()
-        scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+        scale = channel_scales(w)
         self.register_buffer("weight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
         self.register_buffer("scales", scale.to(linear.weight.dtype))
         self.bias = linear.bias
@@ -109,14 +114,15 @@ def pack_linears(model: nn.Module) -> nn.Module:
     return replace_linears(model, lambda name, mod: PackedLinear(mod))
 
 
-INT8_MODES = ("mixed", "dynamic", "weight-only")
-
-
 def _mixed(name: str, mod: nn.Linear) -> nn.Module:
     if not name.endswith("down_proj"):
         return DynamicInt8Linear(mod)
     # PyTorch's weight-only int8 kernel is slow with float32 activations: there down_proj stays as it is
     return mod if mod.weight.dtype == torch.float32 else Int8Linear(mod)
+
+
+INT8_MODES = {"mixed": _mixed, "dynamic": lambda name, mod: DynamicInt8Linear(mod),
+              "weight-only": lambda name, mod: Int8Linear(mod)}  # mode -> make(name, linear)
 
 
 def cheapen_draft(model: nn.Module, int8: bool = True, keep_vocab: int = 0, mode: str = "mixed") -> nn.Module:
@@ -129,7 +135,5 @@ def cheapen_draft(model: nn.Module, int8: bool = True, keep_vocab: int = 0, mode
         model.set_output_embeddings(PrunedHead(head, keep_vocab, head.weight.shape[0]))
         model.config.tie_word_embeddings = False
     if int8:
-        make = {"mixed": _mixed, "dynamic": lambda name, mod: DynamicInt8Linear(mod),
-                "weight-only": lambda name, mod: Int8Linear(mod)}[mode]
-        replace_linears(model, make)
+        replace_linears(model, INT8_MODES[mode])
     return model

@@ -1,8 +1,54 @@
 """A causal LM together with its KV cache and the one number that matters: how many tokens it holds."""
 from __future__ import annotations
 
+import warnings
+import weakref
+
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
+
+STEP_SIZES = (1, 2, 4, 8, 16, 32)  # compiled step shapes: a short input is padded up to the next one
+_STATIC: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> StaticSteps
+
+
+class StaticSteps:
+    """Fixed-size caches and a compiled forward for short inputs, for GPUs.
+
+    A decoding step of a small model is hundreds of tiny kernel launches; compiled with CUDA graphs
+    it is one replay. Graphs need fixed shapes and fixed addresses, so the caches are preallocated
+    (`max_len` positions), kept in a pool and reused, and inputs are padded to a STEP_SIZES size.
+    Padding is harmless: its keys sit past the committed length, where no query looks (causal
+    mask), and the next step overwrites them. Prompts (prefill) run uncompiled.
+    """
+
+    def __init__(self, model, max_len: int, backend: str = "inductor"):
+        self.model, self.max_len, self.backend = model, max_len, backend
+        self.free: list[StaticCache] = []
+        kw = {"mode": "reduce-overhead"} if backend == "inductor" else {}
+        self.step = torch.compile(model.forward, backend=backend, dynamic=False, **kw)
+        # one compiled entry per (model, padded size, cache); the default limit of 8 is soon reached
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+
+    def acquire(self) -> StaticCache:
+        if self.free:
+            return self.free.pop()
+        cfg = self.model.config.get_text_config(decoder=True)
+        cache = StaticCache(config=cfg, max_cache_len=self.max_len)
+        weight = self.model.get_input_embeddings().weight
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        cache.early_initialization(1, cfg.num_key_value_heads, head_dim, weight.dtype, weight.device)
+        return cache
+
+    @staticmethod
+    def set_length(cache: StaticCache, length: int) -> None:
+        for layer in cache.layers:
+            layer.cumulative_length.fill_(length)
+
+
+def compile_steps(model, max_len: int, backend: str = "inductor") -> StaticSteps:
+    """From now on every CachedModel of `model` uses static caches and compiled steps."""
+    _STATIC[model] = steps = StaticSteps(model, max_len, backend)
+    return steps
 
 
 class CachedModel:
@@ -14,29 +60,63 @@ class CachedModel:
     def __init__(self, model, vocab: int):
         self.model, self.vocab = model, vocab
         self.device = model.get_input_embeddings().weight.device
+        self.static = _STATIC.get(model)
+        if self.static:  # the cache goes back to the pool when this object goes
+            self.cache = self.static.acquire()
+            weakref.finalize(self, self.static.free.append, self.cache)
         self.reset()
 
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+        if self.static:
+            self.static.set_length(self.cache, 0)
+        else:
+            self.cache = DynamicCache(config=self.model.config)
         self.length = 0
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
-        """Append `ids` to the cache; return the logits of the last `keep` positions, [keep, vocab]."""
-        out = self.model(input_ids=ids.view(1, -1).to(self.device), past_key_values=self.cache,
-                         use_cache=True, logits_to_keep=keep)
-        self.length += ids.numel()
+    def forward(self, ids: torch.Tensor, keep: int, step: bool = True) -> torch.Tensor:
+        """Append `ids` to the cache; return the logits of the last `keep` positions, [keep, vocab].
+        `step`: a decoding step (compiled, when the model has StaticSteps), not a prompt."""
+        n = ids.numel()
+        ids = ids.view(1, -1).to(self.device)
+        if self.static and self.length + n + STEP_SIZES[-1] > self.static.max_len:
+            raise ValueError(f"The sequence would exceed the static cache of {self.static.max_len} positions.")
+        logits = None
+        if self.static and self.static.step and step and n <= STEP_SIZES[-1]:
+            logits = self._compiled_step(ids, keep)
+        if logits is None:
+            out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
+            logits = out.logits[0]
+        self.length += n
         # rows past the shared tokenizer range (vocab padding) are never sampled
-        return out.logits[0, :, : self.vocab]
+        return logits[:, : self.vocab]
+
+    def _compiled_step(self, ids: torch.Tensor, keep: int) -> torch.Tensor | None:
+        n = ids.shape[1]
+        size = next(s for s in STEP_SIZES if s >= n)
+        padded = torch.cat([ids, ids.new_zeros(1, size - n)], 1)
+        try:
+            torch.compiler.cudagraph_mark_step_begin()
+            out = self.static.step(input_ids=padded, past_key_values=self.cache, use_cache=True)
+        except Exception as err:  # a compiler that fails here must not end the run: go on uncompiled
+            warnings.warn(f"compiled decoding step failed, running uncompiled from now on: {err!r:.300}")
+            self.static.step = None
+            self.static.set_length(self.cache, self.length)
+            return None
+        self.static.set_length(self.cache, self.length + n)  # the padding does not count
+        return out.logits[0, n - keep: n].clone()  # a graph's output is overwritten by its next replay
 
     def prefill(self, ids: list[int]) -> None:
         if ids:
-            self.forward(torch.tensor(ids, device=self.device), keep=1)
+            self.forward(torch.tensor(ids, device=self.device), keep=1, step=False)
 
     def crop(self, length: int) -> None:
         if length < self.length:
-            self.cache.crop(length - self.length)  # transformers 5: a negative count of tokens to drop
+            if self.static:  # stale keys past `length` are masked, then overwritten
+                self.static.set_length(self.cache, length)
+            else:
+                self.cache.crop(length - self.length)  # transformers 5: a negative count of tokens to drop
             self.length = length
 
     def check(self) -> None:
-        assert self.cache.get_seq_length() == self.length, (self.cache.get_seq_length(), self.length)
+        assert int(self.cache.get_seq_length()) == self.length, (self.cache.get_seq_length(), self.length)

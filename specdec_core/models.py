@@ -80,13 +80,16 @@ def make_pair(name, target, draft, tokenizer, device, dtype, info=None) -> Pair:
 
 def load_pair(target: str = "bundled", draft: str | None = None, device: str = "auto", dtype: str = "auto",
               progress: Progress | None = None, cache_dir: str | os.PathLike | None = None,
-              draft_int8: bool | str = "auto", pack: bool | str = "auto", int8_mode: str = "mixed") -> Pair:
+              draft_int8: bool | str = "auto", pack: bool | str = "auto", int8_mode: str = "mixed",
+              graphs: str = "auto", max_len: int = 4096) -> Pair:
     """"bundled" (offline default), "tiny" (random, for tests), or a target and draft hub id / local dir.
 
     "auto" (see quant.py for the measurements):
     draft_int8: an int8 draft on CPUs (int8_mode: see quant.cheapen_draft). It changes the draft's
     speed and guesses, never the output.
     pack: on CPUs in bfloat16, every remaining Linear weight prepacked for oneDNN (same numbers, faster).
+    graphs: on CUDA, decoding steps compiled with CUDA graphs ("inductor"; also "cudagraphs", "off") over
+    static caches of `max_len` positions (cache.StaticSteps); the context is capped to fit them.
     """
     progress = progress or (lambda f, m: None)
     dev = pick_device(device)
@@ -115,7 +118,22 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
             if model is not None and can_pack(model):
                 pack_linears(model)
                 pair.info["packed"] = "oneDNN prepacked weights"
+    backend = ("inductor" if dev.type == "cuda" else "off") if graphs == "auto" else graphs
+    if backend not in ("off", "inductor", "cudagraphs"):
+        raise ValueError(f"graphs must be auto, off, inductor or cudagraphs, got {graphs!r}")
+    if backend != "off":
+        enable_graphs(pair, backend, max_len)
     return pair
+
+
+def enable_graphs(pair: Pair, backend: str, max_len: int) -> None:
+    from .cache import STEP_SIZES, compile_steps
+
+    for model in (pair.target, pair.draft):
+        if model is not None:
+            compile_steps(model, max_len, backend)
+    pair.context_length = min(pair.context_length, max_len - STEP_SIZES[-1])
+    pair.info["graphs"] = f"compiled steps ({backend}), static caches of {max_len} positions"
 
 
 def load_hub_pair(target_id: str, draft_id: str, device: torch.device, dtype: torch.dtype,

@@ -18,7 +18,11 @@ def test_bench_writes_json_and_table(tmp_path, capsys):
 
 
 def test_gpu_bench_runs_on_a_small_shape():
+    # "eager": the compiled-step path (static caches, padded sizes, dynamo) without a compiler backend
     report = gpu_bench.main(["--shape", "tiny", "--device", "cpu", "--dtype", "float32", "--context", "32",
-                             "--max-new-tokens", "16"])
-    assert report["target_step_ms"] > 0 and set(report["verify_cost_vs_step"]) == set(range(1, 9))
-    assert report["plain_tokens_per_s"] > 0 and report["spec_tokens_per_s"] > 0
+                             "--max-new-tokens", "16", "--graphs", "off,eager"])
+    assert [v["graphs"] for v in report["variants"]] == ["off", "eager"]
+    for v in report["variants"]:
+        assert v["target_step_ms"] > 0 and set(v["verify_cost_vs_step"]) == set(gpu_bench.VERIFY_K)
+        assert v["plain_tokens_per_s"] > 0 and v["spec_tokens_per_s"] > 0 and v["greedy_identical"]
+    assert report["local_dir_check"]["greedy_identical"] and report["local_dir_check"]["sampled_tokens"] == 40

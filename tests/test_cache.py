@@ -1,0 +1,76 @@
+"""Static caches and compiled steps (the GPU path) decode exactly what dynamic caches decode."""
+import dataclasses
+
+import pytest
+import torch
+
+from specdec_core import SpecConfig, autoregressive_generate, generate, speculative_generate
+from specdec_core.cache import _STATIC, CachedModel
+from specdec_core.models import enable_graphs, make_pair
+from specdec_core.tiny import tiny_models
+
+CONFIGS = [SpecConfig(k=4, max_new_tokens=40), SpecConfig(k=16, max_new_tokens=50),
+           SpecConfig(k=3, max_new_tokens=30, temperature=1.0, seed=3), SpecConfig(k=2, max_new_tokens=30, adaptive=True)]
+
+
+@pytest.fixture()
+def fresh_pair():
+    target, draft, tok = tiny_models(seed=7)
+    pair = make_pair("tiny", target, draft, tok, torch.device("cpu"), torch.float32)
+    yield dataclasses.replace(pair, eos_ids=frozenset())
+    for model in (target, draft):
+        _STATIC.pop(model, None)
+
+
+def runs(pair):
+    return [(generate(pair, "static caches", c).token_ids, generate(pair, "static caches", c, "autoregressive").token_ids)
+            for c in CONFIGS]
+
+
+@pytest.mark.parametrize("backend", ["eager", None])  # None: static caches, steps uncompiled
+def test_static_caches_decode_the_same_tokens(fresh_pair, backend):
+    before = runs(fresh_pair)
+    enable_graphs(fresh_pair, backend or "eager", max_len=256)
+    if backend is None:
+        _STATIC[fresh_pair.target].step = _STATIC[fresh_pair.draft].step = None
+    assert runs(fresh_pair) == before
+    assert fresh_pair.context_length == 256 - 32
+
+
+def test_interleaved_decoders_get_their_own_cache(fresh_pair):
+    cfg = SpecConfig(k=4, max_new_tokens=30)
+    alone = [generate(fresh_pair, "race", cfg, m).token_ids for m in ("speculative", "autoregressive")]
+    enable_graphs(fresh_pair, "eager", max_len=256)
+    streams = {0: speculative_generate(fresh_pair, "race", cfg), 1: autoregressive_generate(fresh_pair, "race", cfg)}
+    ids = [[], []]
+    while streams:  # the app's race: one round of each in turn, on one target
+        for i, stream in list(streams.items()):
+            event = next(stream, None)
+            if event is None:
+                del streams[i]
+            else:
+                ids[i].extend(event.committed)
+    assert ids == alone
+    assert len(_STATIC[fresh_pair.target].free) == 2  # both caches back in the pool, none leaked
+
+
+def test_a_failing_compiled_step_falls_back_without_changing_output(fresh_pair):
+    cfg = SpecConfig(k=4, max_new_tokens=30)
+    before = generate(fresh_pair, "fallback", cfg).token_ids
+    enable_graphs(fresh_pair, "eager", max_len=256)
+
+    def broken(**kwargs):
+        raise RuntimeError("no compiler here")
+
+    for model in (fresh_pair.target, fresh_pair.draft):
+        _STATIC[model].step = broken
+    with pytest.warns(UserWarning, match="uncompiled"):
+        assert generate(fresh_pair, "fallback", cfg).token_ids == before
+
+
+def test_static_cache_refuses_to_overflow(fresh_pair):
+    enable_graphs(fresh_pair, "eager", max_len=64)
+    lm = CachedModel(fresh_pair.target, fresh_pair.vocab)
+    lm.prefill(list(range(1, 30)))
+    with pytest.raises(ValueError, match="static cache of 64"):
+        lm.forward(torch.ones(8, dtype=torch.long), keep=1)

@@ -20,7 +20,8 @@ import time
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from . import SpecConfig, generate, load_pair
+from . import SpecConfig, autoregressive_generate, generate, load_pair, speculative_generate, summarize
+from .bench import first_divergence
 from .cache import _STATIC, CachedModel
 from .engine import Clock
 from .models import enable_graphs, make_pair, pick_device
@@ -63,9 +64,9 @@ def pass_ms(model, vocab, device, context: int, n: int, reps: int = 10) -> float
 def measure(pair, args, graphs: str) -> dict:
     for model in (pair.target, pair.draft):
         _STATIC.pop(model, None)
+    t0 = time.perf_counter()
     if graphs != "off":
         enable_graphs(pair, graphs, max_len=args.context + args.max_new_tokens + 64)
-    t0 = time.perf_counter()
     step = pass_ms(pair.target, pair.vocab, pair.device, args.context, 1)
     verify = {k: pass_ms(pair.target, pair.vocab, pair.device, args.context, k + 1) / step for k in VERIFY_K}
     c = pass_ms(pair.draft, pair.vocab, pair.device, args.context, 1) / step
@@ -75,15 +76,32 @@ def measure(pair, args, graphs: str) -> dict:
     generate(pair, prompt, dataclasses.replace(cfg, max_new_tokens=8))  # compile the remaining shapes
     ar, spec = (generate(pair, prompt, cfg, m) for m in ("autoregressive", "speculative"))
     a, c_run, v_run = measured_costs(ar.stats, spec.stats, cfg.k)
+    race = race_rates(pair, prompt, cfg)
     return {
         "graphs": graphs, "target_step_ms": step, "verify_cost_vs_step": verify, "draft_cost_c": c,
         "measure_and_compile_s": warm_s,
         "plain_tokens_per_s": ar.stats.decode_tokens_per_s, "spec_tokens_per_s": spec.stats.decode_tokens_per_s,
         "spec_acceptance_rate": a, "greedy_identical": ar.token_ids == spec.token_ids,
+        "first_divergence": first_divergence(pair, prompt, ar.token_ids, spec.token_ids),
         "measured_vs_predicted": (spec.stats.decode_tokens_per_s / ar.stats.decode_tokens_per_s)
         / expected_speedup(a, cfg.k, c_run, v_run),
+        "race_tokens_per_s": race,
         "predicted_speedup_k4": {str(x): expected_speedup(x, 4, c, verify[4]) for x in (0.6, 0.8, 0.9)},
     }
+
+
+def race_rates(pair, prompt, cfg) -> dict:
+    """The app's race: both decoders take turns, a round each, on one target (each with its own cache)."""
+    streams = {"plain": autoregressive_generate(pair, prompt, cfg), "spec": speculative_generate(pair, prompt, cfg)}
+    events = {name: [] for name in streams}
+    while streams:
+        for name, stream in list(streams.items()):
+            event = next(stream, None)
+            if event is None:
+                del streams[name]
+            else:
+                events[name].append(event)
+    return {name: summarize(e).decode_tokens_per_s for name, e in events.items()}
 
 
 def local_dir_check(device) -> dict:

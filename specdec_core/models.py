@@ -122,16 +122,28 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     if backend not in ("off", "inductor", "cudagraphs"):
         raise ValueError(f"graphs must be auto, off, inductor or cudagraphs, got {graphs!r}")
     if backend != "off":
-        enable_graphs(pair, backend, max_len)
+        enable_graphs(pair, backend, max_len, progress)
     return pair
 
 
-def enable_graphs(pair: Pair, backend: str, max_len: int) -> None:
-    from .cache import STEP_SIZES, compile_steps
+def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | None = None) -> None:
+    """Compile both models' decoding steps now, for the sizes a default round uses, so that the
+    first run does not stop to compile (on a 7B target: minutes, once; later starts reuse
+    torch's compile cache)."""
+    import torch
 
-    for model in (pair.target, pair.draft):
-        if model is not None:
-            compile_steps(model, max_len, backend)
+    from .cache import STEP_SIZES, CachedModel, compile_steps
+
+    for model, sizes in ((pair.target, STEP_SIZES[:4]), (pair.draft, STEP_SIZES[:2])):
+        if model is None:
+            continue
+        compile_steps(model, max_len, backend)
+        lm = CachedModel(model, pair.vocab)
+        lm.prefill([0] * 8)
+        for n in sizes:
+            (progress or (lambda f, m: None))(0.95, f"compiling decoding steps ({backend}): {n} token(s)")
+            lm.forward(torch.zeros(n, dtype=torch.long, device=lm.device), keep=1)
+            lm.crop(8)
     pair.context_length = min(pair.context_length, max_len - STEP_SIZES[-1])
     pair.info["graphs"] = f"compiled steps ({backend}), static caches of {max_len} positions"
 

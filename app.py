@@ -18,6 +18,8 @@ def main(argv=None):
     ap.add_argument("--share", action="store_true", default=env("SPECDEC_SHARE") == "1")
     ap.add_argument("--device", default=env("SPECDEC_DEVICE", "auto"))
     ap.add_argument("--dtype", default=env("SPECDEC_DTYPE", "auto"))
+    ap.add_argument("--graphs", default=env("SPECDEC_GRAPHS", "auto"),
+                    help="CUDA: compile decoding steps with CUDA graphs (auto = inductor on CUDA; off starts faster)")
     ap.add_argument("--concurrency", type=int, default=int(env("SPECDEC_CONCURRENCY", "1")),
                     help="generations run at once (1 keeps timings fair on a CPU)")
     ap.add_argument("--queue-size", type=int, default=int(env("SPECDEC_QUEUE_SIZE", "32")))
@@ -25,7 +27,8 @@ def main(argv=None):
 
     hosted = env("SPECDEC_HOSTED") == "1" or bool(env("SPACE_ID"))
     allowlist = frozenset(x.strip() for x in env("SPECDEC_ALLOWED_MODELS", "").split(",") if x.strip())
-    manager = PairManager(args.device, args.dtype, allow_custom=not hosted, allowlist=allowlist)
+    manager = PairManager(args.device, args.dtype, allow_custom=not hosted, allowlist=allowlist,
+                          graphs=args.graphs)
     limits = VisitorLimits(int(env("SPECDEC_VISITOR_TOKENS", "20000"))) if hosted else None
     if args.pair == "none":  # e.g. a lecture laptop that only replays recorded traces
         manager.status = "No model loaded: replay a trace, or pick a pair and press Load."

@@ -77,8 +77,8 @@ class PairManager:
     keep the pair object they started with, so a switch never corrupts them."""
 
     def __init__(self, device: str = "auto", dtype: str = "auto", allow_custom: bool = True,
-                 allowlist: frozenset[str] = frozenset()):
-        self.device, self.dtype = device, dtype
+                 allowlist: frozenset[str] = frozenset(), graphs: str = "auto"):
+        self.device, self.dtype, self.graphs = device, dtype, graphs
         self.allow_custom, self.allowlist = allow_custom, allowlist
         self.pair = None
         self.spec = None
@@ -110,7 +110,8 @@ class PairManager:
                     self.status = f"Checking {model_id}…"
                     check_model_id(model_id, MEMORY_BUDGET_GB * 1e9)
             t0 = time.perf_counter()
-            pair = load_pair(target, draft, device=self.device, dtype=self.dtype, progress=self._progress)
+            pair = load_pair(target, draft, device=self.device, dtype=self.dtype, progress=self._progress,
+                             graphs=self.graphs)
             self.pair, self.spec = pair, spec
             self.status = (f"Ready: {pair.info.get('target')} ← {pair.info.get('draft')} on {pair.device} "
                            f"({str(pair.dtype).replace('torch.', '')}), loaded in {time.perf_counter() - t0:.1f} s.")

@@ -94,6 +94,9 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     progress = progress or (lambda f, m: None)
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
+    backend = ("inductor" if dev.type == "cuda" else "off") if graphs == "auto" else graphs
+    if backend not in ("off", "inductor", "cudagraphs"):
+        raise ValueError(f"graphs must be auto, off, inductor or cudagraphs, got {graphs!r}")
     if target == "tiny":
         from .tiny import tiny_models
         t, d, tok = tiny_models()
@@ -118,9 +121,6 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
             if model is not None and can_pack(model):
                 pack_linears(model)
                 pair.info["packed"] = "oneDNN prepacked weights"
-    backend = ("inductor" if dev.type == "cuda" else "off") if graphs == "auto" else graphs
-    if backend not in ("off", "inductor", "cudagraphs"):
-        raise ValueError(f"graphs must be auto, off, inductor or cudagraphs, got {graphs!r}")
     if backend != "off":
         enable_graphs(pair, backend, max_len, progress)
     return pair
@@ -128,10 +128,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
 
 def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | None = None) -> None:
     """Compile both models' decoding steps now, for the sizes a default round uses, so that the
-    first run does not stop to compile (on a 7B target: minutes, once; later starts reuse
-    torch's compile cache)."""
-    import torch
-
+    first run does not stop to compile (on a 7B-shaped target on an H200: minutes)."""
     from .cache import STEP_SIZES, CachedModel, compile_steps
 
     for model, sizes in ((pair.target, STEP_SIZES[:4]), (pair.draft, STEP_SIZES[:2])):

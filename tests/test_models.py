@@ -98,3 +98,8 @@ def test_bundled_parts_are_checked_against_the_pinned_sha256(tmp_path, monkeypat
     with pytest.raises(RuntimeError, match="Checksum mismatch"):
         bundled.assemble(model, tmp_path / "bad.gguf", lambda f, m: None)
     assert not (tmp_path / "bad.gguf").exists() and not (tmp_path / "bad.partial").exists()
+
+
+def test_unknown_graphs_mode_is_refused_before_loading():
+    with pytest.raises(ValueError, match="graphs must be"):
+        load_pair("bundled", graphs="fast")

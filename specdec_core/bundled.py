@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,7 +111,30 @@ def load_bundled(device: torch.device, dtype: torch.dtype, progress: Progress, c
     progress(0.85, "loading the bundled pair")
     tok = AutoTokenizer.from_pretrained(dirs[0])
     check_tokenizers(tok, AutoTokenizer.from_pretrained(dirs[1]), TARGET.name, DRAFT.name)
+    dirs = [in_dtype(d, dtype, progress) for d in dirs]
     target, draft = (AutoModelForCausalLM.from_pretrained(d, dtype=dtype).to(device) for d in dirs)
     progress(1.0, "ready")
     return make_pair("bundled", target, draft, tok, device, dtype,
-                     {"target": TARGET.name, "draft": DRAFT.name, "load_s": time.perf_counter() - t0})
+                     {"target": TARGET.name, "draft": DRAFT.name, "load_s": time.perf_counter() - t0,
+                      "draft_dir": str(dirs[1])})
+
+
+def in_dtype(src: Path, dtype: torch.dtype, progress: Progress) -> Path:
+    """A copy of the converted weights in `dtype`, made once: a bfloat16 start then reads half the bytes
+    and casts nothing. Its manifest is the float32 one's, written last, so a copy cut short is redone."""
+    from transformers import AutoModelForCausalLM
+
+    if dtype == torch.float32:
+        return src
+    out = src.with_name(f"{src.name}-{str(dtype).replace('torch.', '')}")
+    stamp = (src / "specdec.json").read_text()
+    if (out / "specdec.json").exists() and (out / "specdec.json").read_text() == stamp:
+        return out
+    progress(0.85, f"saving a {dtype} copy of {src.name} (once)")
+    shutil.rmtree(out, ignore_errors=True)
+    AutoModelForCausalLM.from_pretrained(src, dtype=dtype).save_pretrained(out)
+    for f in src.iterdir():
+        if f.name.startswith("tokenizer") or f.suffix == ".jinja":
+            shutil.copy(f, out / f.name)
+    (out / "specdec.json").write_text(stamp)
+    return out

@@ -113,8 +113,11 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     from .quant import can_pack, cheapen_draft, pack_linears
 
     cpu_bf16 = dev.type == "cpu" and dt == torch.bfloat16
+    draft_dir = pair.info.pop("draft_dir", None)  # the bundled draft keeps its int8 weights beside its own
     if pair.draft is not None and (draft_int8 is True or (draft_int8 == "auto" and dev.type == "cpu")):
-        cheapen_draft(pair.draft, int8=True, mode=int8_mode)
+        saved = Path(draft_dir) / f"int8-{int8_mode}.safetensors" if draft_dir else None
+        source = (Path(draft_dir) / "specdec.json").read_text() if draft_dir else ""
+        cheapen_draft(pair.draft, int8=True, mode=int8_mode, saved=saved, source=source)
         pair.info["draft_quant"] = f"int8 ({int8_mode})"
     if pack is True or (pack == "auto" and cpu_bf16):
         for model in (pair.target, pair.draft):

@@ -17,8 +17,11 @@ from __future__ import annotations
 import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 
 
@@ -39,16 +42,25 @@ class PackedLinear(nn.Module):
 
 
 class DynamicInt8Linear(nn.Module):
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, saved: dict | None = None):
+        """saved: {"qweight": int8 [out, in], "scale": float64 [out]} from `saved_state`, else quantise now."""
         super().__init__()
-        w = linear.weight.detach().float()
-        scale = channel_scales(w).double()
+        zeros = lambda scale: torch.zeros_like(scale, dtype=torch.long)
         with warnings.catch_warnings():  # per-channel quantised tensors are stable; the warning is about the ao API
             warnings.simplefilter("ignore")
-            wq = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
+            if saved:
+                wq = torch._make_per_channel_quantized_tensor(saved["qweight"], saved["scale"], zeros(saved["scale"]), 0)
+            else:
+                w = linear.weight.detach().float()
+                scale = channel_scales(w).double()
+                wq = torch.quantize_per_channel(w, scale, zeros(scale), 0, torch.qint8)
         bias = None if linear.bias is None else linear.bias.detach().float()
         self.packed = torch.ops.quantized.linear_prepack(wq, bias)
         self.out_features = linear.out_features
+
+    def saved_state(self) -> dict:
+        wq, _ = torch.ops.quantized.linear_unpack(self.packed)
+        return {"qweight": wq.int_repr(), "scale": wq.q_per_channel_scales()}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.ops.quantized.linear_dynamic(x.reshape(-1, x.shape[-1]).float(), self.packed, True)
@@ -56,14 +68,21 @@ class DynamicInt8Linear(nn.Module):
 
 
 class Int8Linear(nn.Module):
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, saved: dict | None = None):
         super().__init__()
-        w = linear.weight.detach().float()
-        scale = channel_scales(w)
-        self.register_buffer("weight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
+        if saved:
+            qweight, scale = saved["qweight"], saved["scale"]
+        else:
+            w = linear.weight.detach().float()
+            scale = channel_scales(w)
+            qweight = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        self.register_buffer("weight", qweight)
         self.register_buffer("scales", scale.to(linear.weight.dtype))
         self.bias = linear.bias
         self.out_features = linear.out_features
+
+    def saved_state(self) -> dict:
+        return {"qweight": self.weight, "scale": self.scales}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), self.weight, self.scales.to(x.dtype))
@@ -114,20 +133,25 @@ def pack_linears(model: nn.Module) -> nn.Module:
     return replace_linears(model, lambda name, mod: PackedLinear(mod))
 
 
-def _mixed(name: str, mod: nn.Linear) -> nn.Module:
+def _mixed(name: str, mod: nn.Linear, saved: dict | None) -> nn.Module:
     if not name.endswith("down_proj"):
-        return DynamicInt8Linear(mod)
+        return DynamicInt8Linear(mod, saved)
     # PyTorch's weight-only int8 kernel is slow with float32 activations: there down_proj stays as it is
-    return mod if mod.weight.dtype == torch.float32 else Int8Linear(mod)
+    return mod if mod.weight.dtype == torch.float32 else Int8Linear(mod, saved)
 
 
-INT8_MODES = {"mixed": _mixed, "dynamic": lambda name, mod: DynamicInt8Linear(mod),
-              "weight-only": lambda name, mod: Int8Linear(mod)}  # mode -> make(name, linear)
+INT8_MODES = {"mixed": _mixed, "dynamic": lambda name, mod, saved: DynamicInt8Linear(mod, saved),
+              "weight-only": lambda name, mod, saved: Int8Linear(mod, saved)}  # mode -> make(name, linear, saved)
 
 
-def cheapen_draft(model: nn.Module, int8: bool = True, keep_vocab: int = 0, mode: str = "mixed") -> nn.Module:
+def cheapen_draft(model: nn.Module, int8: bool = True, keep_vocab: int = 0, mode: str = "mixed",
+                  saved: Path | None = None, source: str = "") -> nn.Module:
     """In place: int8 Linear layers and/or a pruned head. mode: "mixed" (dynamic, but down_proj
-    weight-only), "dynamic" or "weight-only" everywhere."""
+    weight-only), "dynamic" or "weight-only" everywhere.
+
+    saved: a file for the int8 weights, written on first use and read afterwards (quantising the
+    0.5B draft is most of a warm start otherwise); `source` names the weights they came from, and a
+    file made from other weights is rebuilt."""
     if mode not in INT8_MODES:
         raise ValueError(f"int8 mode must be one of {', '.join(INT8_MODES)}, got {mode!r}")
     head = model.get_output_embeddings()
@@ -135,5 +159,28 @@ def cheapen_draft(model: nn.Module, int8: bool = True, keep_vocab: int = 0, mode
         model.set_output_embeddings(PrunedHead(head, keep_vocab, head.weight.shape[0]))
         model.config.tie_word_embeddings = False
     if int8:
-        replace_linears(model, INT8_MODES[mode])
+        tensors = load_saved(saved, source) if saved else {}
+        layers: dict[str, dict] = {}  # "layer name:field" -> {layer name: {field: tensor}}
+        for key, value in tensors.items():
+            name, _, field = key.rpartition(":")
+            layers.setdefault(name, {})[field] = value
+        make = INT8_MODES[mode]
+        replace_linears(model, lambda name, mod: make(name, mod, layers.get(name)))
+        if saved and not tensors:
+            state = {f"{name}:{key}": value.contiguous() for name, mod in model.named_modules()
+                     if hasattr(mod, "saved_state") for key, value in mod.saved_state().items()}
+            partial = saved.with_suffix(".partial")
+            save_file(state, str(partial), metadata={"source": source})
+            partial.replace(saved)  # a start cut short never leaves half a file behind
     return model
+
+
+def load_saved(path: Path, source: str) -> dict:
+    """The tensors of a saved int8 draft, or {} when there is none, it is unreadable, or made from other weights."""
+    try:
+        with safe_open(str(path), "pt") as f:
+            if (f.metadata() or {}).get("source") != source:
+                return {}
+            return {key: f.get_tensor(key) for key in f.keys()}
+    except Exception:
+        return {}

@@ -1,6 +1,8 @@
 """The real bundled pair (Qwen2.5-Coder 1.5B target, 0.5B draft; GGUF Q4_K_M dequantised), float32."""
 import pytest
 
+from transformers import AutoModelForCausalLM
+
 from specdec_core import SpecConfig, generate, load_pair
 
 
@@ -18,3 +20,22 @@ def test_greedy_speculative_equals_the_targets_own_greedy_output(bundled, prompt
     assert len(ar.token_ids) == 32
     assert spec.token_ids == ar.token_ids
     assert spec.stats.acceptance_rate > 0.3  # a real draft of the same family agrees most of the time
+
+
+def test_a_bfloat16_copy_is_made_once_and_redone_when_the_weights_change(tmp_path):
+    target, _, tok = tiny_models()
+    src = tmp_path / "model"
+    target.save_pretrained(src)
+    tok.save_pretrained(src)
+    (src / "specdec.json").write_text('{"format": 1}')
+    assert in_dtype(src, torch.float32, lambda f, m: None) == src
+    out = in_dtype(src, torch.bfloat16, lambda f, m: None)
+    weights = out / "model.safetensors"
+    copy = AutoModelForCausalLM.from_pretrained(out)
+    assert copy.dtype == torch.bfloat16 and (out / "tokenizer.json").exists()
+    assert torch.equal(copy.lm_head.weight, target.lm_head.weight.bfloat16())
+    made = weights.stat().st_mtime_ns
+    assert in_dtype(src, torch.bfloat16, lambda f, m: None) == out and weights.stat().st_mtime_ns == made
+    (src / "specdec.json").write_text('{"format": 2}')
+    in_dtype(src, torch.bfloat16, lambda f, m: None)
+    assert (out / "specdec.json").read_text() == '{"format": 2}'

@@ -2,10 +2,11 @@
 import copy
 import dataclasses
 
+import pytest
 import torch
 
 from specdec_core import SpecConfig, generate
-from specdec_core.quant import Int8Linear, PrunedHead, cheapen_draft
+from specdec_core.quant import Int8Linear, PrunedHead, cheapen_draft, load_saved
 
 from .conftest import with_eos
 
@@ -75,3 +76,19 @@ def test_dynamic_int8_draft_keeps_down_proj_weight_only(tiny):
     with torch.inference_mode():
         out = draft(torch.tensor([[5, 9, 33]])).logits
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_saved_int8_draft_is_the_same_draft_and_stale_files_are_rebuilt(tiny, tmp_path, dtype):
+    x = torch.tensor([[5, 17, 42, 99, 7]])
+    path = tmp_path / "int8-mixed.safetensors"
+    fresh = cheapen_draft(copy.deepcopy(tiny.draft).to(dtype), saved=path, source="weights v1")
+    assert path.exists()
+    for damage in (None, "other source", "corrupt"):
+        if damage == "corrupt":
+            path.write_bytes(b"not a safetensors file")
+        reloaded = cheapen_draft(copy.deepcopy(tiny.draft).to(dtype), saved=path,
+                                 source="weights v2" if damage == "other source" else "weights v1")
+        with torch.inference_mode():
+            assert torch.equal(fresh(x).logits, reloaded(x).logits)
+    assert load_saved(path, "weights v1")  # the corrupt file was rewritten

@@ -1,9 +1,11 @@
 """The real bundled pair (Qwen2.5-Coder 1.5B target, 0.5B draft; GGUF Q4_K_M dequantised), float32."""
 import pytest
-
+import torch
 from transformers import AutoModelForCausalLM
 
 from specdec_core import SpecConfig, generate, load_pair
+from specdec_core.bundled import in_dtype
+from specdec_core.tiny import tiny_models
 
 
 @pytest.fixture(scope="module")

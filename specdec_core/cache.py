@@ -22,7 +22,7 @@ class StaticSteps:
     """
 
     def __init__(self, model, max_len: int, backend: str = "inductor"):
-        self.model, self.max_len, self.backend = model, max_len, backend
+        self.model, self.max_len = model, max_len
         self.free: list[StaticCache] = []
         kw = {"mode": "reduce-overhead"} if backend == "inductor" else {}
         self.step = torch.compile(model.forward, backend=backend, dynamic=False, **kw)

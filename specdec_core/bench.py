@@ -162,7 +162,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--drafter", default="model", choices=["model", "prompt-lookup", "early-exit"])
+    ap.add_argument("--drafter", default="model", choices=["model", "hybrid", "prompt-lookup", "early-exit"])
     ap.add_argument("--adaptive", action="store_true", help="grow/shrink K per round")
     ap.add_argument("--min-confidence", type=float, default=0.0, help="stop a draft below this draft confidence")
     ap.add_argument("--json", default="bench.json")

@@ -111,6 +111,27 @@ class PromptLookupDrafter:
         pass
 
 
+class HybridDrafter:
+    """Prompt lookup when the text is being copied (a full k-token continuation of an earlier
+    n-gram), the draft model otherwise. A copied round costs no draft steps at all; the model's
+    cache catches up on the tokens it skipped the next time it drafts."""
+
+    name = "hybrid"
+
+    def __init__(self, model: ModelDrafter, min_ngram: int = 3):
+        self.model, self.lookup = model, PromptLookupDrafter(max_ngram=min_ngram, min_ngram=min_ngram)
+
+    def start(self, ids):
+        self.model.start(ids)
+
+    def propose(self, ids, k, cfg, generator):
+        copied = self.lookup.propose(ids, k, cfg, generator)
+        return copied if len(copied) == k else self.model.propose(ids, k, cfg, generator)
+
+    def commit(self, n_ids):
+        self.model.commit(n_ids)
+
+
 class EarlyExitDrafter(ModelDrafter):
     """Self-speculation: the target's first `layers` layers, its final norm and its head draft.
 

@@ -13,7 +13,7 @@ import torch
 
 from .cache import CachedModel
 from .config import MAX_K, MAX_PROMPT_CHARS, SpecConfig
-from .drafters import Draft, EarlyExitDrafter, ModelDrafter, NoDrafter, PromptLookupDrafter
+from .drafters import Draft, EarlyExitDrafter, HybridDrafter, ModelDrafter, NoDrafter, PromptLookupDrafter
 from .events import Result, RoundEvent, summarize
 from .sampling import logits_to_probs, top_entries
 from .text import encode_prompt
@@ -54,17 +54,18 @@ def prepare(pair, prompt: str | list[int], cfg: SpecConfig) -> list[int]:
 
 
 def make_drafter(pair, name: str = "model", layers: int | None = None):
-    """By name: "model" (the pair's draft), "prompt-lookup" (n-grams), "early-exit" (the target's first
-    `layers` layers; a quarter of them by default)."""
-    if name == "model":
+    """By name: "model" (the pair's draft), "prompt-lookup" (n-grams), "hybrid" (n-grams when text is
+    copied, else the draft), "early-exit" (the target's first `layers` layers; a quarter by default)."""
+    if name in ("model", "hybrid"):
         if pair.draft is None:
             raise ValueError(f"The pair {pair.name!r} has no draft model; choose prompt-lookup or early-exit.")
-        return ModelDrafter(pair.draft, pair.vocab)
+        drafter = ModelDrafter(pair.draft, pair.vocab)
+        return drafter if name == "model" else HybridDrafter(drafter)
     if name == "prompt-lookup":
         return PromptLookupDrafter()
     if name == "early-exit":
         return EarlyExitDrafter(pair.target, pair.vocab, layers or max(1, len(pair.target.get_decoder().layers) // 4))
-    raise ValueError(f"Unknown drafter {name!r}: use model, prompt-lookup or early-exit.")
+    raise ValueError(f"Unknown drafter {name!r}: use model, hybrid, prompt-lookup or early-exit.")
 
 
 def speculative_generate(pair, prompt, cfg: SpecConfig, drafter=None) -> Iterator[RoundEvent]:

@@ -107,6 +107,25 @@ def test_prompt_lookup_and_early_exit_are_lossless(tiny):
                 generate(pair, prompt, cfg, "autoregressive").token_ids
 
 
+def test_hybrid_copies_when_it_can_and_drafts_otherwise(tiny):
+    hybrid = make_drafter(tiny, "hybrid")
+    ids = [5, 6, 7, 8, 9, 10, 11, 12, 40, 5, 6, 7]  # the last 3-gram occurred before, followed by 8 9 10 11
+    hybrid.start(ids)
+    copied = hybrid.propose(ids, 4, SpecConfig(), None)
+    assert copied.tokens.tolist() == [8, 9, 10, 11] and copied.q is None
+    assert hybrid.model.lm.length == len(ids) - 1  # the draft model did not run
+    drafted = hybrid.propose(ids + [99, 98], 4, SpecConfig(), None)  # no earlier 3-gram: the model drafts
+    # it caught up on the 3 tokens it had not seen, then fed its own first 3 drafts
+    assert len(drafted) == 4 and drafted.q is not None and hybrid.model.lm.length == len(ids) + 2 + 3
+
+
+def test_hybrid_is_lossless_across_copied_and_drafted_rounds(tiny):
+    pair, cfg = with_eos(tiny, []), SpecConfig(k=4, max_new_tokens=150)
+    out = generate(pair, "abcabcabcabc abc abc abcabc", cfg, drafter=make_drafter(pair, "hybrid"))
+    assert out.token_ids == generate(pair, "abcabcabcabc abc abc abcabc", cfg, "autoregressive").token_ids
+    assert 0 < sum(1 for e in out.events if e.drafted and not e.draft_top) < len(out.events)  # both kinds
+
+
 def test_adaptive_k_changes_k_and_stays_lossless(tiny):
     pair = with_eos(tiny, [])
     cfg = SpecConfig(k=4, max_new_tokens=64, adaptive=True)

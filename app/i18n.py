@@ -71,8 +71,10 @@ memória, uma passada sobre K+1 tokens custa pouco mais que sobre um. Com taxa d
     "top_k": ("Top-k (0 = off)", "Top-k (0 = desligado)"),
     "seed": ("Seed", "Semente"),
     "drafter": ("Drafter", "Rascunhador"),
-    "drafter_info": ("draft model · n-gram lookup in the prompt (no model) · target's first layers",
-                     "modelo de rascunho · busca de n-gramas no prompt (sem modelo) · primeiras camadas do alvo"),
+    "drafter_info": ("draft model · hybrid: copies earlier text when it can, else the draft model · "
+                     "n-gram lookup in the prompt (no model) · target's first layers",
+                     "modelo de rascunho · híbrido: copia texto anterior quando pode, senão o modelo de rascunho · "
+                     "busca de n-gramas no prompt (sem modelo) · primeiras camadas do alvo"),
     "adaptive": ("Adaptive K (grow after full acceptance, shrink after a rejection)",
                  "K adaptativo (cresce após aceitação total, diminui após uma rejeição)"),
     "confidence": ("Stop a draft below this draft confidence", "Parar o rascunho abaixo desta confiança"),

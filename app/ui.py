@@ -92,7 +92,7 @@ def build_controls(tx: Texts):
             top_k = tx(gr.Slider(0, 200, value=0, step=1, label=t("top_k")), label="top_k")
             seed = tx(gr.Number(0, precision=0, minimum=0, label=t("seed")), label="seed")
         with gr.Row():
-            drafter = tx(gr.Radio(["model", "prompt-lookup", "early-exit"], value="model", label=t("drafter"),
+            drafter = tx(gr.Radio(["model", "hybrid", "prompt-lookup", "early-exit"], value="model", label=t("drafter"),
                                   info=t("drafter_info")), label="drafter", info="drafter_info")
             adaptive = tx(gr.Checkbox(False, label=t("adaptive")), label="adaptive")
             confidence = tx(gr.Slider(0, 0.95, value=0.0, step=0.05, label=t("confidence"),

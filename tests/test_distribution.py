@@ -14,6 +14,7 @@ from scipy.stats import chisquare
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specdec_core import SpecConfig, make_drafter, speculative_generate
+from specdec_core.drafters import HybridDrafter, ModelDrafter
 from specdec_core.models import Pair
 from specdec_core.sampling import logits_to_probs
 
@@ -49,7 +50,8 @@ def exact_distribution(pair, warp):
 def sample_counts(pair, cfg, drafter):
     counts = {}
     for seed in range(SAMPLES):
-        events = speculative_generate(pair, PROMPT, SpecConfig(seed=seed, **cfg), make_drafter(pair, drafter, layers=1))
+        made = drafter(pair) if callable(drafter) else make_drafter(pair, drafter, layers=1)
+        events = speculative_generate(pair, PROMPT, SpecConfig(seed=seed, **cfg), made)
         seq = tuple(t for e in events for t in e.committed)
         counts[seq] = counts.get(seq, 0) + 1
     return counts
@@ -71,8 +73,12 @@ def p_value(pair, cfg, drafter="model"):
     return chisquare(observed, expected).pvalue
 
 
+def hybrid(pair):  # copying from a single earlier token, so that copied and drafted rounds both happen
+    return HybridDrafter(ModelDrafter(pair.draft, pair.vocab), min_ngram=1)
+
+
 @pytest.mark.parametrize("cfg, drafter", [(CFG, "model"), (dict(CFG, temperature=0.7, top_p=0.9), "model"),
-                                           (CFG, "prompt-lookup"), (CFG, "early-exit")])
+                                           (CFG, "prompt-lookup"), (CFG, "early-exit"), (CFG, hybrid)])
 def test_speculative_samples_follow_the_target(toy_pair, cfg, drafter):
     assert p_value(toy_pair, cfg, drafter) > 1e-3
 

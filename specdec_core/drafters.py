@@ -114,21 +114,36 @@ class PromptLookupDrafter:
 class HybridDrafter:
     """Prompt lookup when the text is being copied (a full k-token continuation of an earlier
     n-gram), the draft model otherwise. A copied round costs no draft steps at all; the model's
-    cache catches up on the tokens it skipped the next time it drafts."""
+    cache catches up on the tokens it skipped the next time it drafts. A copy that the target
+    mostly rejects (the text changes where it was copied from, as in a rename) sends the next
+    `pause` rounds to the model."""
 
     name = "hybrid"
 
-    def __init__(self, model: ModelDrafter, min_ngram: int = 3):
+    def __init__(self, model: ModelDrafter, min_ngram: int = 3, pause: int = 2):
         self.model, self.lookup = model, PromptLookupDrafter(max_ngram=min_ngram, min_ngram=min_ngram)
+        self.pause, self.paused, self.copied = pause, 0, None  # copied: (sequence length, k) of the last copy
 
     def start(self, ids):
         self.model.start(ids)
+        self.paused, self.copied = 0, None
 
     def propose(self, ids, k, cfg, generator):
-        copied = self.lookup.propose(ids, k, cfg, generator)
-        return copied if len(copied) == k else self.model.propose(ids, k, cfg, generator)
+        if self.paused:
+            self.paused -= 1
+        else:
+            copied = self.lookup.propose(ids, k, cfg, generator)
+            if len(copied) == k:
+                self.copied = (len(ids), k)
+                return copied
+        return self.model.propose(ids, k, cfg, generator)
 
     def commit(self, n_ids):
+        if self.copied:
+            length, k = self.copied
+            if n_ids - length - 1 < k / 2:  # fewer than half of the copied tokens accepted
+                self.paused = self.pause
+            self.copied = None
         self.model.commit(n_ids)
 
 

@@ -119,6 +119,19 @@ def test_hybrid_copies_when_it_can_and_drafts_otherwise(tiny):
     assert len(drafted) == 4 and drafted.q is not None and hybrid.model.lm.length == len(ids) + 2 + 3
 
 
+def test_hybrid_pauses_copying_after_a_copy_the_target_rejected(tiny):
+    hybrid = make_drafter(tiny, "hybrid")
+    ids = [5, 6, 7, 8, 9, 10, 11, 12, 40, 5, 6, 7]
+    hybrid.start(ids)
+    assert hybrid.propose(ids, 4, SpecConfig(), None).q is None
+    hybrid.commit(len(ids) + 1)  # none of the 4 copied tokens accepted, only the target's own
+    ids = ids + [8]  # "8" again: a copy is possible, but the next two rounds go to the model
+    for _ in range(2):
+        assert hybrid.propose(ids, 4, SpecConfig(), None).q is not None
+        hybrid.commit(len(ids))
+    assert hybrid.propose(ids, 4, SpecConfig(), None).q is None
+
+
 def test_hybrid_is_lossless_across_copied_and_drafted_rounds(tiny):
     pair, cfg = with_eos(tiny, []), SpecConfig(k=4, max_new_tokens=150)
     out = generate(pair, "abcabcabcabc abc abc abcabc", cfg, drafter=make_drafter(pair, "hybrid"))

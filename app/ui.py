@@ -172,15 +172,15 @@ def wire_teaching(panel, manager, state, lang, prompt, settings, outputs, runs):
     for control in (panel["round_no"], panel["position"]):
         control.change(**inspect)
     panel["pick"].change(teach.pick, [state, panel["pick"], lang],
-                     [panel[name] for name in ("inspector", "round_no", "position", "decision", "decision_plot")],
-                     **private)
+                         [panel[name] for name in ("inspector", "round_no", "position", "decision", "decision_plot")],
+                         **private)
     for run in runs:  # refresh the inspector and the theory panel when a run ends
         run.then(**inspect).then(teach.theory, [state, lang], panel["theory_plot"], **private)
     panel["show_theory"].click(teach.theory, [state, lang], panel["theory_plot"], **private)
     panel["sweep"].click(partial(teach.sweep, manager), [prompt, *settings, panel["temps"], lang],
-                      [panel["sweep_note"], panel["theory_plot"]], concurrency_id="gpu", **private)
+                         [panel["sweep_note"], panel["theory_plot"]], concurrency_id="gpu", **private)
     panel["step"].click(partial(teach.step_round, manager), [state, prompt, *settings, lang], outputs,
-                     concurrency_id="gpu", **private)
+                        concurrency_id="gpu", **private)
     panel["export"].click(teach.export, state, panel["trace_out"], **private)
     panel["replay"].click(teach.replay, [panel["trace_in"], panel["speed"], lang], outputs, **private)
 

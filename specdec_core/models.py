@@ -113,10 +113,10 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     from .quant import can_pack, cheapen_draft, pack_linears
 
     cpu_bf16 = dev.type == "cpu" and dt == torch.bfloat16
-    draft_dir = pair.info.pop("draft_dir", None)  # the bundled draft keeps its int8 weights beside its own
+    # the bundled draft keeps its int8 weights beside its own, with the manifest of the weights they came from
+    int8_dir, source = pair.info.pop("int8_dir", None), pair.info.pop("int8_source", "")
     if pair.draft is not None and (draft_int8 is True or (draft_int8 == "auto" and dev.type == "cpu")):
-        saved = Path(draft_dir) / f"int8-{int8_mode}.safetensors" if draft_dir else None
-        source = (Path(draft_dir) / "specdec.json").read_text() if draft_dir else ""
+        saved = Path(int8_dir) / f"int8-{int8_mode}.safetensors" if int8_dir else None
         cheapen_draft(pair.draft, int8=True, mode=int8_mode, saved=saved, source=source)
         pair.info["draft_quant"] = f"int8 ({int8_mode})"
     if pack is True or (pack == "auto" and cpu_bf16):
@@ -134,6 +134,8 @@ def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | N
     first run does not stop to compile (on a 7B-shaped target on an H200: minutes)."""
     from .cache import STEP_SIZES, CachedModel, compile_steps
 
+    progress = progress or (lambda f, m: None)
+
     for model, sizes in ((pair.target, STEP_SIZES[:4]), (pair.draft, STEP_SIZES[:2])):
         if model is None:
             continue
@@ -141,7 +143,7 @@ def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | N
         lm = CachedModel(model, pair.vocab)
         lm.prefill([0] * 8)
         for n in sizes:
-            (progress or (lambda f, m: None))(0.95, f"compiling decoding steps ({backend}): {n} token(s)")
+            progress(0.95, f"compiling decoding steps ({backend}): {n} token(s)")
             lm.forward(torch.zeros(n, dtype=torch.long, device=lm.device), keep=1)
             lm.crop(8)
     pair.context_length = min(pair.context_length, max_len - STEP_SIZES[-1])

@@ -111,8 +111,8 @@ class PrunedHead(nn.Module):
 
 
 def replace_linears(model: nn.Module, make) -> nn.Module:
-    """In place: every nn.Linear `mod` named `name` becomes make(name, mod). The conversions run on a
-    thread per core (PyTorch releases the GIL in them): a warm start is mostly this."""
+    """In place: every nn.Linear `mod` named `name` becomes make(name, mod). The conversions (quantising,
+    prepacking) run on a thread per core: PyTorch releases the GIL in them, and start-up waits for them."""
     found = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         made = list(pool.map(lambda item: make(*item), found))

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from specdec_core import SpecConfig, generate
-from specdec_core.quant import Int8Linear, PrunedHead, cheapen_draft, load_saved
+from specdec_core.quant import (DynamicInt8Linear, Int8Linear, PackedLinear, PrunedHead, can_pack, cheapen_draft,
+                                load_saved, pack_linears)
 
 from .conftest import with_eos
 
@@ -41,10 +42,6 @@ def test_cheapened_draft_stays_lossless(tiny):
 
 
 def test_packed_linears_give_the_same_logits(tiny):
-    import pytest
-
-    from specdec_core.quant import PackedLinear, can_pack, pack_linears
-
     model = copy.deepcopy(tiny.target).to(torch.bfloat16)
     if not can_pack(model):
         pytest.fail("oneDNN is not available in this torch build")
@@ -59,8 +56,6 @@ def test_packed_linears_give_the_same_logits(tiny):
 
 
 def test_dynamic_int8_draft_keeps_down_proj_weight_only(tiny):
-    from specdec_core.quant import DynamicInt8Linear
-
     draft = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16), int8=True)
     kinds = {name.rsplit(".", 1)[-1]: type(m) for name, m in draft.named_modules()
              if isinstance(m, (Int8Linear, DynamicInt8Linear))}

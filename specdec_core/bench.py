@@ -19,7 +19,7 @@ import torch
 
 from . import SpecConfig, generate, load_pair, make_drafter
 from .engine import prepare
-from .quant import INT8_MODES
+from .quant import QUANT_MODES
 from .theory import expected_speedup, measured_costs
 
 STAT_KEYS = ("tokens", "seconds", "tokens_per_s")
@@ -44,19 +44,33 @@ def first_divergence(pair, prompt_ids, a: list[int], b: list[int]) -> dict | Non
             "logprob_gap": float(logp[a[pos]] - logp[b[pos]])}
 
 
+ASSISTANT_KEYS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+
+
 def hf_assisted(pair, prompt_ids: list[int], cfg: SpecConfig, constant_k: bool) -> dict:
-    """transformers' own assisted generation on the same checkpoints, dtype and settings."""
+    """transformers' own assisted generation on the same checkpoints, dtype and settings.
+
+    Its default (transformers 5): up to 20 draft tokens a round, cut short where the draft's own
+    confidence falls below a threshold (0.4, then tuned during the run). constant_k: exactly cfg.k
+    draft tokens a round. transformers reads both from the draft's generation config, not from
+    generate()'s arguments, so that is where they are set (and restored afterwards)."""
     ids = torch.tensor([prompt_ids], device=pair.device)
     kwargs = dict(max_new_tokens=cfg.max_new_tokens, assistant_model=pair.draft, eos_token_id=sorted(pair.eos_ids),
                   pad_token_id=pair.tokenizer.pad_token_id, do_sample=not cfg.greedy)
     if not cfg.greedy:
         kwargs.update(temperature=cfg.temperature, top_k=cfg.top_k or None, top_p=cfg.top_p)
+    assistant = pair.draft.generation_config
+    before = {key: getattr(assistant, key, None) for key in ASSISTANT_KEYS}
     if constant_k:
-        kwargs.update(num_assistant_tokens=cfg.k, num_assistant_tokens_schedule="constant",
-                      assistant_confidence_threshold=0.0)
+        for key, value in zip(ASSISTANT_KEYS, (cfg.k, "constant", 0.0)):
+            setattr(assistant, key, value)
     t0 = time.perf_counter()
-    with torch.inference_mode():
-        out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+    try:
+        with torch.inference_mode():
+            out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+    finally:
+        for key, value in before.items():
+            setattr(assistant, key, value)
     seconds = time.perf_counter() - t0
     tokens = out.shape[1] - ids.shape[1]
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
@@ -171,14 +185,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="auto")
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts")
-    ap.add_argument("--draft-int8", default="mixed", choices=[*INT8_MODES, "off"],
+    ap.add_argument("--draft-quant", default="int4", choices=[*QUANT_MODES, "off"],
                     help="how the draft is quantised on CPUs (off: as loaded)")
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
     target, _, draft = args.pair.partition(",")
     pair = load_pair(target, draft or None, device=args.device, dtype=args.dtype,
-                     draft_int8=False if args.draft_int8 == "off" else "auto", int8_mode=args.draft_int8)
+                     draft_quant=False if args.draft_quant == "off" else "auto", quant_mode=args.draft_quant)
     load_s = time.perf_counter() - t0
     cfg = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature, adaptive=args.adaptive,
                      min_confidence=args.min_confidence)

@@ -116,7 +116,7 @@ def load_bundled(device: torch.device, dtype: torch.dtype, progress: Progress, c
     progress(1.0, "ready")
     return make_pair("bundled", target, draft, tok, device, dtype,
                      {"target": TARGET.name, "draft": DRAFT.name, "load_s": time.perf_counter() - t0,
-                      "int8_dir": str(dirs[1]), "int8_source": (dirs[1] / "specdec.json").read_text()})
+                      "quant_dir": str(dirs[1]), "quant_source": (dirs[1] / "specdec.json").read_text()})
 
 
 def in_dtype(src: Path, dtype: torch.dtype, progress: Progress) -> Path:

@@ -80,13 +80,13 @@ def make_pair(name, target, draft, tokenizer, device, dtype, info=None) -> Pair:
 
 def load_pair(target: str = "bundled", draft: str | None = None, device: str = "auto", dtype: str = "auto",
               progress: Progress | None = None, cache_dir: str | os.PathLike | None = None,
-              draft_int8: bool | str = "auto", pack: bool | str = "auto", int8_mode: str = "mixed",
+              draft_quant: bool | str = "auto", pack: bool | str = "auto", quant_mode: str = "int4",
               graphs: str = "auto", max_len: int = 4096) -> Pair:
     """"bundled" (offline default), "tiny" (random, for tests), or a target and draft hub id / local dir.
 
     "auto" (see quant.py for the measurements):
-    draft_int8: an int8 draft on CPUs (int8_mode: see quant.cheapen_draft). It changes the draft's
-    speed and guesses, never the output.
+    draft_quant: a quantised draft on CPUs (quant_mode: see quant.cheapen_draft). It changes the
+    draft's speed and guesses, never the output.
     pack: on CPUs in bfloat16, every remaining Linear weight prepacked for oneDNN (same numbers, faster).
     graphs: on CUDA, decoding steps compiled with CUDA graphs ("inductor"; also "cudagraphs", "off") over
     static caches of `max_len` positions (cache.StaticSteps); the context is capped to fit them.
@@ -113,12 +113,12 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     from .quant import can_pack, cheapen_draft, pack_linears
 
     cpu_bf16 = dev.type == "cpu" and dt == torch.bfloat16
-    # the bundled draft keeps its int8 weights beside its own, with the manifest of the weights they came from
-    int8_dir, source = pair.info.pop("int8_dir", None), pair.info.pop("int8_source", "")
-    if pair.draft is not None and (draft_int8 is True or (draft_int8 == "auto" and dev.type == "cpu")):
-        saved = Path(int8_dir) / f"int8-{int8_mode}.safetensors" if int8_dir else None
-        cheapen_draft(pair.draft, int8=True, mode=int8_mode, saved=saved, source=source)
-        pair.info["draft_quant"] = f"int8 ({int8_mode})"
+    # the bundled draft keeps its quantised weights beside its own, with the manifest of the weights they came from
+    quant_dir, source = pair.info.pop("quant_dir", None), pair.info.pop("quant_source", "")
+    if pair.draft is not None and (draft_quant is True or (draft_quant == "auto" and dev.type == "cpu")):
+        saved = Path(quant_dir) / f"draft-{quant_mode}.safetensors" if quant_dir else None
+        cheapen_draft(pair.draft, quant=True, mode=quant_mode, saved=saved, source=source)
+        pair.info["draft_quant"] = quant_mode if quant_mode == "int4" else f"int8 ({quant_mode})"
     if pack is True or (pack == "auto" and cpu_bf16):
         for model in (pair.target, pair.draft):
             if model is not None and can_pack(model):

@@ -5,8 +5,12 @@
   here and a 5-token verification pass from 304 to 192 ms.
 The draft's precision and vocabulary change only how many drafts are accepted, never the output
 (the target verifies every token), so the draft may also use:
+- Int4Linear (the default): int4 weights, a scale and an offset per group of 32 inputs, activations
+  left as they are (`_weight_int4pack_mm_for_cpu`). A draft step is mostly reading weights from
+  memory, and this reads the fewest. The bundled GGUF weights are 4-bit already, in blocks of 32
+  with a scale and a minimum each, so little more is lost.
 - DynamicInt8Linear: int8 weights (one scale per output channel) times int8 activations quantised
-  on the fly (fbgemm's dynamic linear). The fastest; used for every draft layer except down_proj.
+  on the fly (fbgemm's dynamic linear). Used for every layer except down_proj in mode "mixed".
 - Int8Linear: int8 weights, activations left in bfloat16 (`_weight_int8pack_mm`). Slower, but the
   down_proj input carries the activation outliers that per-row int8 crushes (without it, the
   Portuguese prompt's accepted drafts per round fell from 3.2 to 1.8).
@@ -90,6 +94,41 @@ class Int8Linear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+class Int4Linear(nn.Module):
+    GROUP = 32
+
+    @classmethod
+    def fits(cls, linear: nn.Linear) -> bool:  # the kernel's shape rules
+        return linear.weight.device.type == "cpu" and linear.in_features % cls.GROUP == 0 and linear.out_features % 16 == 0
+
+    def __init__(self, linear: nn.Linear, saved: dict | None = None):
+        """saved: {"packed": the kernel's layout (it depends on the CPU), "scales": [in / 32, out, 2]}."""
+        super().__init__()
+        if saved:
+            packed, scales = saved["packed"], saved["scales"]
+        else:
+            w = linear.weight.detach().float()
+            groups = w.reshape(w.shape[0], -1, self.GROUP)
+            low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+            step = ((high - low) / 15).clamp(min=1e-12)
+            q = torch.round((groups - low) / step).clamp(0, 15).to(torch.int32).reshape(w.shape)
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2)
+            # the kernel computes (q - 8) * scale + zero
+            scales = torch.cat([step, low + 8 * step], -1).transpose(0, 1).contiguous()
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales", scales.to(linear.weight.dtype))
+        self.bias = linear.bias
+        self.out_features = linear.out_features
+
+    def saved_state(self) -> dict:
+        return {"packed": self.packed, "scales": self.scales}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]), self.packed, self.GROUP, self.scales)
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
 class PrunedHead(nn.Module):
     """An output head over the first `keep` token ids; the other logits are -inf (q = 0 there)."""
 
@@ -140,31 +179,38 @@ def _mixed(name: str, mod: nn.Linear, saved: dict | None) -> nn.Module:
     return mod if mod.weight.dtype == torch.float32 else Int8Linear(mod, saved)
 
 
-INT8_MODES = {"mixed": _mixed, "dynamic": lambda name, mod, saved: DynamicInt8Linear(mod, saved),
-              "weight-only": lambda name, mod, saved: Int8Linear(mod, saved)}  # mode -> make(name, linear, saved)
+def _int4(name: str, mod: nn.Linear, saved: dict | None) -> nn.Module:
+    return Int4Linear(mod, saved) if Int4Linear.fits(mod) else DynamicInt8Linear(mod, saved)
 
 
-def cheapen_draft(model: nn.Module, int8: bool = True, keep_vocab: int = 0, mode: str = "mixed",
+QUANT_MODES = {"int4": _int4, "mixed": _mixed, "dynamic": lambda name, mod, saved: DynamicInt8Linear(mod, saved),
+               "weight-only": lambda name, mod, saved: Int8Linear(mod, saved)}  # mode -> make(name, linear, saved)
+
+
+def cheapen_draft(model: nn.Module, quant: bool = True, keep_vocab: int = 0, mode: str = "int4",
                   saved: Path | None = None, source: str = "") -> nn.Module:
-    """In place: int8 Linear layers and/or a pruned head. mode: "mixed" (dynamic, but down_proj
-    weight-only), "dynamic" or "weight-only" everywhere.
+    """In place: quantised Linear layers and/or a pruned head. mode: "int4" (int8 dynamic where a
+    shape does not fit the int4 kernel), "mixed" (int8 dynamic, but down_proj weight-only),
+    "dynamic" or "weight-only" (int8) everywhere.
 
-    saved: a file for the int8 weights, written on first use and read afterwards (quantising the
-    0.5B draft is most of a warm start otherwise); `source` names the weights they came from, and a
-    file made from other weights is rebuilt."""
-    if mode not in INT8_MODES:
-        raise ValueError(f"int8 mode must be one of {', '.join(INT8_MODES)}, got {mode!r}")
+    saved: a file for the quantised weights, written on first use and read afterwards (quantising
+    the 0.5B draft is most of a warm start otherwise); `source` names the weights they came from,
+    and a file made from other weights, in another mode or dtype, or for another CPU is rebuilt."""
+    if mode not in QUANT_MODES:
+        raise ValueError(f"draft quantisation must be one of {', '.join(QUANT_MODES)}, got {mode!r}")
     head = model.get_output_embeddings()
     if keep_vocab:
         model.set_output_embeddings(PrunedHead(head, keep_vocab, head.weight.shape[0]))
         model.config.tie_word_embeddings = False
-    if int8:
+    if quant:
+        dtype = model.get_input_embeddings().weight.dtype
+        source = f"{source}\n{mode}, {dtype}, torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}"
         tensors = load_saved(saved, source) if saved else {}
         layers: dict[str, dict] = {}  # "layer name:field" -> {layer name: {field: tensor}}
         for key, value in tensors.items():
             name, _, field = key.rpartition(":")
             layers.setdefault(name, {})[field] = value
-        make = INT8_MODES[mode]
+        make = QUANT_MODES[mode]
         replace_linears(model, lambda name, mod: make(name, mod, layers.get(name)))
         if saved and not tensors:
             state = {f"{name}:{key}": value.contiguous() for name, mod in model.named_modules()
@@ -176,11 +222,12 @@ def cheapen_draft(model: nn.Module, int8: bool = True, keep_vocab: int = 0, mode
 
 
 def load_saved(path: Path, source: str) -> dict:
-    """The tensors of a saved int8 draft, or {} when there is none, it is unreadable, or made from other weights."""
+    """The tensors of a saved quantised draft, or {} when there is none, it is unreadable, or made from other weights."""
     try:
         with safe_open(str(path), "pt") as f:
             if (f.metadata() or {}).get("source") != source:
                 return {}
-            return {key: f.get_tensor(key) for key in f.keys()}
+            # copies: a tensor read in place may sit unaligned in the file, and the int8 kernels crash on that
+            return {key: f.get_tensor(key).clone() for key in f.keys()}
     except Exception:
         return {}

@@ -26,3 +26,25 @@ def test_gpu_bench_runs_on_a_small_shape():
         assert v["target_step_ms"] > 0 and set(v["verify_cost_vs_step"]) == set(gpu_bench.VERIFY_K)
         assert v["plain_tokens_per_s"] > 0 and v["spec_tokens_per_s"] > 0 and v["greedy_identical"]
     assert report["local_dir_check"]["greedy_identical"] and report["local_dir_check"]["sampled_tokens"] == 40
+
+
+def test_transformers_constant_k_really_drafts_k_tokens(tiny):
+    from specdec_core import SpecConfig
+    from specdec_core.engine import prepare
+
+    from .conftest import with_eos
+
+    pair, cfg = with_eos(tiny, []), SpecConfig(k=3, max_new_tokens=20)
+    ids = prepare(pair, "hello there", cfg)
+    before = pair.draft.generation_config.to_dict()
+    scored, forward = [], pair.target.forward
+    pair.target.forward = lambda *a, **kw: scored.append(kw["input_ids"].shape[1]) or forward(*a, **kw)
+    try:
+        bench.hf_assisted(pair, ids, cfg, constant_k=True)
+        constant, scored[:] = scored[1:], []  # without the prompt pass
+        bench.hf_assisted(pair, ids, cfg, constant_k=False)
+    finally:
+        del pair.target.forward
+    assert len(constant) > 3 and set(constant[:-2]) == {4} and max(constant) == 4  # k drafts + 1; the end is cut short
+    assert scored[1:] != constant  # the default stops where the draft is unsure (here after one token)
+    assert pair.draft.generation_config.to_dict() == before

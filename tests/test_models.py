@@ -72,9 +72,9 @@ def test_tiny_pair_loads():
 
 
 def test_the_same_model_as_draft_and_target(model_dirs):
-    # the draft as loaded: on CPUs it would otherwise be made int8, which is no longer the same model
+    # the draft as loaded: on CPUs it would otherwise be quantised, which is no longer the same model
     pair = with_eos(load_pair(str(model_dirs / "target"), str(model_dirs / "target"), device="cpu", dtype="float32",
-                              draft_int8=False), [])
+                              draft_quant=False), [])
     assert "draft_quant" not in pair.info
     out = generate(pair, "hello", SpecConfig(k=4, max_new_tokens=20))
     assert out.stats.acceptance_rate == 1.0

@@ -1,13 +1,14 @@
-"""A cheaper draft (int8 weights, pruned head) changes acceptance only, never the output."""
+"""A cheaper draft (int4 or int8 weights, pruned head) changes acceptance only, never the output."""
 import copy
 import dataclasses
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from specdec_core import SpecConfig, generate
-from specdec_core.quant import (DynamicInt8Linear, Int8Linear, PackedLinear, PrunedHead, can_pack, cheapen_draft,
-                                load_saved, pack_linears)
+from specdec_core.quant import (DynamicInt8Linear, Int4Linear, Int8Linear, PackedLinear, PrunedHead, can_pack,
+                                cheapen_draft, load_saved, pack_linears)
 
 from .conftest import with_eos
 
@@ -22,6 +23,32 @@ def test_int8_linear_is_close_to_the_original():
     assert 0 < err < 0.02
 
 
+def test_int4_linear_is_close_and_exact_on_4bit_blocks():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 32)
+    x = torch.randn(3, 64)
+    q = Int4Linear(lin)
+    assert q.packed.dtype == torch.uint8 and q.scales.shape == (2, 32, 2)  # [in / 32, out, scale and zero]
+    err = (q(x) - lin(x)).abs().max() / lin(x).abs().max()
+    assert 0 < err < 0.1
+    # weights that already sit on 16 levels per block of 32 (as GGUF's Q4_K blocks do) are kept exactly
+    levels = torch.randint(0, 16, (32, 64)).float()
+    levels[:, ::32], levels[:, 1::32] = 0, 15  # every block spans all 16 levels
+    step, low = torch.rand(32, 2, 1) * 0.1 + 0.01, torch.randn(32, 2, 1)
+    lin.weight.data = (levels.view(32, 2, 32) * step + low).view(32, 64)
+    torch.testing.assert_close(Int4Linear(lin)(x), lin(x), rtol=1e-4, atol=1e-4)
+
+
+def test_int4_mode_falls_back_to_int8_where_the_kernel_does_not_fit(tiny):
+    draft = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16))
+    assert isinstance(draft.model.layers[0].mlp.down_proj, Int4Linear)
+    assert isinstance(draft.model.layers[0].self_attn.k_proj, Int4Linear)
+    assert isinstance(draft.lm_head, DynamicInt8Linear)  # 259 rows: the int4 kernel wants a multiple of 16
+    with torch.inference_mode():
+        out = draft(torch.tensor([[5, 9, 33]])).logits
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+
+
 def test_pruned_head_masks_the_tail():
     head = torch.nn.Linear(8, 10, bias=False)
     pruned = PrunedHead(head, keep=6, vocab=10)
@@ -32,7 +59,7 @@ def test_pruned_head_masks_the_tail():
 
 def test_cheapened_draft_stays_lossless(tiny):
     pair = with_eos(tiny, [])
-    cheap = dataclasses.replace(pair, draft=cheapen_draft(copy.deepcopy(pair.draft), int8=True, keep_vocab=128))
+    cheap = dataclasses.replace(pair, draft=cheapen_draft(copy.deepcopy(pair.draft), keep_vocab=128))
     cfg = SpecConfig(k=4, max_new_tokens=40)
     out = generate(cheap, "hello there", cfg)
     assert out.token_ids == generate(pair, "hello there", cfg, "autoregressive").token_ids
@@ -56,12 +83,12 @@ def test_packed_linears_give_the_same_logits(tiny):
 
 
 def test_dynamic_int8_draft_keeps_down_proj_weight_only(tiny):
-    draft = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16), int8=True)
+    draft = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16), mode="mixed")
     kinds = {name.rsplit(".", 1)[-1]: type(m) for name, m in draft.named_modules()
              if isinstance(m, (Int8Linear, DynamicInt8Linear))}
     assert kinds["down_proj"] is Int8Linear and kinds["gate_proj"] is DynamicInt8Linear
     assert kinds["lm_head"] is DynamicInt8Linear
-    fp32 = cheapen_draft(copy.deepcopy(tiny.draft).float())  # the weight-only kernel is slow in float32
+    fp32 = cheapen_draft(copy.deepcopy(tiny.draft).float(), mode="mixed")  # the weight-only kernel is slow in float32
     assert type(fp32.model.layers[0].mlp.down_proj) is torch.nn.Linear
     assert isinstance(fp32.model.layers[0].mlp.up_proj, DynamicInt8Linear)
     for mode, down, gate in (("dynamic", DynamicInt8Linear, DynamicInt8Linear), ("weight-only", Int8Linear, Int8Linear)):
@@ -74,16 +101,21 @@ def test_dynamic_int8_draft_keeps_down_proj_weight_only(tiny):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_saved_int8_draft_is_the_same_draft_and_stale_files_are_rebuilt(tiny, tmp_path, dtype):
+@pytest.mark.parametrize("mode", ["int4", "mixed"])
+def test_saved_draft_is_the_same_draft_and_stale_files_are_rebuilt(tiny, tmp_path, dtype, mode):
     x = torch.tensor([[5, 17, 42, 99, 7]])
-    path = tmp_path / "int8-mixed.safetensors"
-    fresh = cheapen_draft(copy.deepcopy(tiny.draft).to(dtype), saved=path, source="weights v1")
+    path = tmp_path / f"draft-{mode}.safetensors"
+    fresh = cheapen_draft(copy.deepcopy(tiny.draft).to(dtype), mode=mode, saved=path, source="weights v1")
     assert path.exists()
-    for damage in (None, "other source", "corrupt"):
+    for damage in (None, "other source", "other mode", "corrupt"):
         if damage == "corrupt":
             path.write_bytes(b"not a safetensors file")
-        reloaded = cheapen_draft(copy.deepcopy(tiny.draft).to(dtype), saved=path,
+        if damage == "other mode":  # a file of the other mode under this name is rebuilt, not misread
+            cheapen_draft(copy.deepcopy(tiny.draft).to(dtype), mode="dynamic", saved=path, source="weights v1")
+        reloaded = cheapen_draft(copy.deepcopy(tiny.draft).to(dtype), mode=mode, saved=path,
                                  source="weights v2" if damage == "other source" else "weights v1")
         with torch.inference_mode():
             assert torch.equal(fresh(x).logits, reloaded(x).logits)
-    assert load_saved(path, "weights v1")  # the corrupt file was rewritten
+    with safe_open(str(path), "pt") as f:  # the last load rewrote the file in this mode
+        assert f.metadata()["source"].startswith(f"weights v1\n{mode}, ")
+

@@ -118,7 +118,8 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     if pair.draft is not None and (draft_quant is True or (draft_quant == "auto" and dev.type == "cpu")):
         saved = Path(quant_dir) / f"draft-{quant_mode}.safetensors" if quant_dir else None
         cheapen_draft(pair.draft, quant=True, mode=quant_mode, saved=saved, source=source)
-        pair.info["draft_quant"] = quant_mode if quant_mode == "int4" else f"int8 ({quant_mode})"
+        int4 = any(type(m).__name__ == "Int4Linear" for m in pair.draft.modules())  # bfloat16 only
+        pair.info["draft_quant"] = "int4" if int4 else f"int8 ({'mixed' if quant_mode == 'int4' else quant_mode})"
     if pack is True or (pack == "auto" and cpu_bf16):
         for model in (pair.target, pair.draft):
             if model is not None and can_pack(model):

@@ -33,6 +33,7 @@ def model_dirs(tmp_path_factory):
 def test_local_directories_load_and_decode_losslessly(model_dirs):
     pair = load_pair(str(model_dirs / "target"), str(model_dirs / "draft"), device="cpu", dtype="float32")
     assert pair.vocab == len(pair.tokenizer) and pair.draft is not None
+    assert pair.info["draft_quant"] == "int8 (mixed)"  # int4 is for bfloat16 only
     cfg = SpecConfig(k=4, max_new_tokens=24)
     pair = with_eos(pair, [])
     assert generate(pair, "hello", cfg).token_ids == generate(pair, "hello", cfg, "autoregressive").token_ids

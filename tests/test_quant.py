@@ -39,11 +39,14 @@ def test_int4_linear_is_close_and_exact_on_4bit_blocks():
     torch.testing.assert_close(Int4Linear(lin)(x), lin(x), rtol=1e-4, atol=1e-4)
 
 
-def test_int4_mode_falls_back_to_int8_where_the_kernel_does_not_fit(tiny):
+def test_int4_mode_falls_back_to_mixed_int8_where_the_kernel_does_not_fit(tiny):
     draft = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16))
     assert isinstance(draft.model.layers[0].mlp.down_proj, Int4Linear)
     assert isinstance(draft.model.layers[0].self_attn.k_proj, Int4Linear)
     assert isinstance(draft.lm_head, DynamicInt8Linear)  # 259 rows: the int4 kernel wants a multiple of 16
+    fp32 = cheapen_draft(copy.deepcopy(tiny.draft).float())  # the int4 kernel is slow with float32: as "mixed"
+    assert type(fp32.model.layers[0].mlp.down_proj) is torch.nn.Linear
+    assert isinstance(fp32.model.layers[0].mlp.up_proj, DynamicInt8Linear)
     with torch.inference_mode():
         out = draft(torch.tensor([[5, 9, 33]])).logits
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()

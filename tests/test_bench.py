@@ -1,7 +1,10 @@
 """The benchmark CLIs run end to end on the tiny pair (their numbers are checked only for shape and sense)."""
 import json
 
-from specdec_core import bench, gpu_bench
+from specdec_core import SpecConfig, bench, gpu_bench
+from specdec_core.engine import prepare
+
+from .conftest import with_eos
 
 
 def test_bench_writes_json_and_table(tmp_path, capsys):
@@ -29,11 +32,6 @@ def test_gpu_bench_runs_on_a_small_shape():
 
 
 def test_transformers_constant_k_really_drafts_k_tokens(tiny):
-    from specdec_core import SpecConfig
-    from specdec_core.engine import prepare
-
-    from .conftest import with_eos
-
     pair, cfg = with_eos(tiny, []), SpecConfig(k=3, max_new_tokens=20)
     ids = prepare(pair, "hello there", cfg)
     before = pair.draft.generation_config.to_dict()

@@ -71,9 +71,22 @@ class DynamicInt8Linear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
-class Int8Linear(nn.Module):
-    def __init__(self, linear: nn.Linear, saved: dict | None = None):
+class WeightOnlyLinear(nn.Module):
+    """Quantised weights, activations as they come; a subclass gives the 2-D product `matmul`."""
+
+    def __init__(self, linear: nn.Linear):
         super().__init__()
+        self.bias = linear.bias
+        self.out_features = linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.matmul(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
+class Int8Linear(WeightOnlyLinear):
+    def __init__(self, linear: nn.Linear, saved: dict | None = None):
+        super().__init__(linear)
         if saved:
             qweight, scale = saved["qweight"], saved["scale"]
         else:
@@ -82,19 +95,15 @@ class Int8Linear(nn.Module):
             qweight = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
         self.register_buffer("weight", qweight)
         self.register_buffer("scales", scale.to(linear.weight.dtype))
-        self.bias = linear.bias
-        self.out_features = linear.out_features
 
     def saved_state(self) -> dict:
         return {"qweight": self.weight, "scale": self.scales}
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), self.weight, self.scales.to(x.dtype))
-        y = y.reshape(*x.shape[:-1], self.out_features)
-        return y if self.bias is None else y + self.bias
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales.to(x.dtype))
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(WeightOnlyLinear):
     GROUP = 32
 
     @classmethod
@@ -106,7 +115,7 @@ class Int4Linear(nn.Module):
 
     def __init__(self, linear: nn.Linear, saved: dict | None = None):
         """saved: {"packed": the kernel's layout (it depends on the CPU), "scales": [in / 32, out, 2]}."""
-        super().__init__()
+        super().__init__(linear)
         if saved:
             packed, scales = saved["packed"], saved["scales"]
         else:
@@ -120,16 +129,12 @@ class Int4Linear(nn.Module):
             scales = torch.cat([step, low + 8 * step], -1).transpose(0, 1).contiguous()
         self.register_buffer("packed", packed)
         self.register_buffer("scales", scales.to(linear.weight.dtype))
-        self.bias = linear.bias
-        self.out_features = linear.out_features
 
     def saved_state(self) -> dict:
         return {"packed": self.packed, "scales": self.scales}
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]), self.packed, self.GROUP, self.scales)
-        y = y.reshape(*x.shape[:-1], self.out_features)
-        return y if self.bias is None else y + self.bias
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.GROUP, self.scales)
 
 
 class PrunedHead(nn.Module):

@@ -106,13 +106,13 @@ def _drive(race: Race):
 
 
 def api_generate(manager, limits, prompt, k, temperature, top_p, top_k, max_new_tokens, seed, drafter,
-                 request=None) -> dict:
+                 min_confidence=0.0, request=None) -> dict:
     """Runs plain and speculative decoding and returns both texts and their statistics."""
     pair = manager.pair
     if pair is None:
         raise gr.Error("No model is loaded yet: " + manager.status)
     try:
-        cfg = make_config(k, temperature, top_p, top_k, max_new_tokens, seed)
+        cfg = make_config(k, temperature, top_p, top_k, max_new_tokens, seed, min_confidence=min_confidence)
         race = start_race(pair, prompt, cfg, drafter)
         with admitted(limits, request, cfg):
             on_gpu(run)(race)

@@ -59,13 +59,14 @@ def theory_figure(ar_stats, spec_stats, k: int, lang: str = "en") -> go.Figure:
     fig = _fig(t("f_theory", lang), xaxis_title=t("f_k", lang), yaxis_title=t("f_speedup", lang))
     if not ar_stats or not spec_stats or not spec_stats.drafted:
         return fig
-    a, c, v = measured_costs(ar_stats, spec_stats, k)
-    ks = list(range(1, 9))
+    a, c, v = measured_costs(ar_stats, spec_stats)
+    drafted = spec_stats.drafted / spec_stats.rounds  # below k where drafts were cut short
+    ks = list(range(1, max(8, k) + 1))
     fig.add_scatter(x=ks, y=[expected_speedup(a, j, c) for j in ks], name=f"Leviathan et al. (a={a:.2f}, c={c:.2f})",
                     line=dict(color=AR_COLOR, dash="dot"))
-    fig.add_scatter(x=ks, y=[expected_speedup(a, j, c, verify_cost_at(v, k, j)) for j in ks],
-                    name=t("f_real_verify", lang, v=v, k=k), line=dict(color=SPEC_COLOR))
-    fig.add_scatter(x=[k], y=[spec_stats.decode_tokens_per_s / ar_stats.decode_tokens_per_s], mode="markers",
+    fig.add_scatter(x=ks, y=[expected_speedup(a, j, c, verify_cost_at(v, drafted, j)) for j in ks],
+                    name=t("f_real_verify", lang, v=v, k=f"{drafted:.3g}"), line=dict(color=SPEC_COLOR))
+    fig.add_scatter(x=[drafted], y=[spec_stats.decode_tokens_per_s / ar_stats.decode_tokens_per_s], mode="markers",
                     name=t("f_measured_decode", lang),
                     marker=dict(size=12, color=DRAFT_COLOR, symbol="diamond"))
     fig.add_hline(y=1.0, line_dash="dot", line_color="#999")
@@ -84,7 +85,7 @@ def sweep_figure(series, lang: str = "en") -> go.Figure:
     fig = _fig(t("f_sweep", lang), xaxis_title=t("f_k", lang), yaxis_title=t("f_speedup", lang))
     ks = list(range(1, 9))
     for (temperature, ar, spec1, points), color in zip(series, SWEEP_COLORS):
-        a, c, v = measured_costs(ar, spec1, 1)
+        a, c, v = measured_costs(ar, spec1)
         name = t("f_greedy_short", lang) if temperature == 0 else f"T = {temperature:g}"
         fig.add_scatter(x=ks, y=[expected_speedup(a, j, c, verify_cost_at(v, 1, j)) for j in ks],
                         name=t("f_predicted", lang, name=name, a=a), line=dict(color=color))

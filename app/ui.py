@@ -7,7 +7,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from specdec_core.config import MAX_K, MAX_NEW_TOKENS, MAX_TEMPERATURE
+from specdec_core.config import DEFAULT_K, DEFAULT_MIN_CONFIDENCE, MAX_K, MAX_NEW_TOKENS, MAX_TEMPERATURE
 
 from . import handlers, teach
 from .i18n import LANGUAGES, t
@@ -80,7 +80,7 @@ def build_controls(tx: Texts):
         prompt = tx(gr.Textbox(label=t("prompt"), lines=3, max_lines=12, elem_id="prompt", scale=3,
                                placeholder=t("prompt_hint")), label="prompt", placeholder="prompt_hint")
         with gr.Column(scale=2, min_width=320):
-            k = tx(gr.Slider(1, MAX_K, value=4, step=1, label=t("k"), elem_id="k"), label="k")
+            k = tx(gr.Slider(1, MAX_K, value=DEFAULT_K, step=1, label=t("k"), elem_id="k"), label="k")
             max_new = tx(gr.Slider(1, MAX_NEW_TOKENS, value=96, step=1, label=t("max_new"), elem_id="max-new"),
                          label="max_new")
             temperature = tx(gr.Slider(0, MAX_TEMPERATURE, value=0.0, step=0.05, label=t("temperature")),
@@ -95,7 +95,7 @@ def build_controls(tx: Texts):
             drafter = tx(gr.Radio(["model", "hybrid", "prompt-lookup", "early-exit"], value="model", label=t("drafter"),
                                   info=t("drafter_info")), label="drafter", info="drafter_info")
             adaptive = tx(gr.Checkbox(False, label=t("adaptive")), label="adaptive")
-            confidence = tx(gr.Slider(0, 0.95, value=0.0, step=0.05, label=t("confidence"),
+            confidence = tx(gr.Slider(0, 0.95, value=DEFAULT_MIN_CONFIDENCE, step=0.05, label=t("confidence"),
                                       info=t("confidence_info")), label="confidence", info="confidence_info")
         tx(gr.Markdown(t("rules")), value="rules")
     with gr.Row():
@@ -224,11 +224,12 @@ def build_app(manager, limits=None) -> gr.Blocks:
         gr.Timer(1.0).tick(partial(status_html, manager), None, status, api_visibility="private",
                            show_progress="hidden", queue=False)
 
-        def api(prompt: str, k: int = 4, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                max_new_tokens: int = 128, seed: int = 0, drafter: str = "model", request: gr.Request = None) -> dict:
+        def api(prompt: str, k: int = DEFAULT_K, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                max_new_tokens: int = 128, seed: int = 0, drafter: str = "model",
+                min_confidence: float = DEFAULT_MIN_CONFIDENCE, request: gr.Request = None) -> dict:
             """Generate with plain and speculative decoding; returns the text and the statistics."""
             return handlers.api_generate(manager, limits, prompt, k, temperature, top_p, top_k, max_new_tokens, seed,
-                                         drafter, request)
+                                         drafter, min_confidence, request)
 
         gr.api(api, api_name="generate", concurrency_id="gpu")
     demo.texts = tx  # the language switch's registry, for tests

@@ -1,13 +1,14 @@
 """Benchmark: plain vs speculative decoding (and transformers' assisted generation) on a prompt set.
 
-python -m specdec_core.bench --pair bundled --prompts assets/prompts.jsonl --max-new-tokens 64 --k 4 \
-    --json out.json [--compare-hf] [--dtype auto] [--device auto] [--drafter model] [--png chart.png]
+python -m specdec_core.bench --pair bundled --prompts assets/prompts.jsonl --max-new-tokens 128 --k 16 \
+    --min-confidence 0.35 --json out.json [--compare-hf] [--dtype auto] [--device auto] [--drafter model]
 
 Speeds are compared as ratios measured in the same run, after a warm-up.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import resource
@@ -18,9 +19,10 @@ from pathlib import Path
 import torch
 
 from . import SpecConfig, generate, load_pair, make_drafter
+from .config import DEFAULT_K, DEFAULT_MIN_CONFIDENCE
 from .engine import prepare
 from .quant import QUANT_MODES
-from .theory import expected_speedup, measured_costs
+from .theory import measured_costs, predicted_speedup as predict
 
 STAT_KEYS = ("tokens", "seconds", "tokens_per_s")
 OWN_KEYS = STAT_KEYS + ("prefill_s", "decode_tokens_per_s")
@@ -47,11 +49,11 @@ def first_divergence(pair, prompt_ids, a: list[int], b: list[int]) -> dict | Non
 ASSISTANT_KEYS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
 
 
-def hf_assisted(pair, prompt_ids: list[int], cfg: SpecConfig, constant_k: bool) -> dict:
+def hf_assisted(pair, prompt_ids: list[int], cfg: SpecConfig, constant_k: int = 0) -> dict:
     """transformers' own assisted generation on the same checkpoints, dtype and settings.
 
     Its default (transformers 5): up to 20 draft tokens a round, cut short where the draft's own
-    confidence falls below a threshold (0.4, then tuned during the run). constant_k: exactly cfg.k
+    confidence falls below a threshold (0.4, then tuned during the run). constant_k: exactly that many
     draft tokens a round. transformers reads both from the draft's generation config, not from
     generate()'s arguments, so that is where they are set (and restored afterwards)."""
     ids = torch.tensor([prompt_ids], device=pair.device)
@@ -62,7 +64,7 @@ def hf_assisted(pair, prompt_ids: list[int], cfg: SpecConfig, constant_k: bool) 
     assistant = pair.draft.generation_config
     before = {key: getattr(assistant, key, None) for key in ASSISTANT_KEYS}
     if constant_k:
-        for key, value in zip(ASSISTANT_KEYS, (cfg.k, "constant", 0.0)):
+        for key, value in zip(ASSISTANT_KEYS, (constant_k, "constant", 0.0)):
             setattr(assistant, key, value)
     t0 = time.perf_counter()
     try:
@@ -77,13 +79,14 @@ def hf_assisted(pair, prompt_ids: list[int], cfg: SpecConfig, constant_k: bool) 
             "schedule": "constant" if constant_k else "default", "token_ids": out[0, ids.shape[1]:].tolist()}
 
 
-def predicted_speedup(ar, spec, k: int) -> float:
-    """What the cost model predicts from this run's own measurements (acceptance, step times)."""
-    a, c, v = measured_costs(ar, spec, k)
-    return expected_speedup(a, k, c, v)
+def predicted_speedup(ar, spec) -> float:
+    """What the cost model predicts from this run's own measurements (acceptance, step times) for
+    the draft lengths it used."""
+    a, c, v = measured_costs(ar.stats, spec.stats)
+    return predict(a, [len(e.drafted) for e in spec.events], c, v)
 
 
-def run_prompt(pair, item, cfg, drafter_name, compare_hf) -> dict:
+def run_prompt(pair, item, cfg, drafter_name, compare_hf, hf_k) -> dict:
     ids = prepare(pair, item["prompt"], cfg)
     ar = generate(pair, ids, cfg, "autoregressive")
     spec = generate(pair, ids, cfg, drafter=make_drafter(pair, drafter_name))
@@ -91,12 +94,12 @@ def run_prompt(pair, item, cfg, drafter_name, compare_hf) -> dict:
              "ar": pick(ar.stats, OWN_KEYS), "spec": pick(spec.stats, SPEC_KEYS),
              "speedup": spec.stats.tokens_per_s / ar.stats.tokens_per_s,
              "decode_speedup": spec.stats.decode_tokens_per_s / ar.stats.decode_tokens_per_s,
-             "predicted_speedup": predicted_speedup(ar.stats, spec.stats, cfg.k),
+             "predicted_speedup": predicted_speedup(ar, spec),
              "identical_to_ar": ar.token_ids == spec.token_ids}
     if not entry["identical_to_ar"]:
         entry["first_divergence"] = first_divergence(pair, ids, ar.token_ids, spec.token_ids)
     if compare_hf:
-        runs = [hf_assisted(pair, ids, cfg, constant) for constant in (False, True)]
+        runs = [hf_assisted(pair, ids, cfg, constant_k) for constant_k in (0, hf_k)]
         best = max(runs, key=lambda r: r["tokens_per_s"])
         entry["hf_assisted"] = {k: best[k] for k in STAT_KEYS + ("schedule",)}
         entry["hf_runs"] = [{k: r[k] for k in STAT_KEYS + ("schedule",)} for r in runs]
@@ -141,6 +144,11 @@ def table(report: dict) -> str:
     return "\n".join(rows)
 
 
+def drafts(settings: dict) -> str:
+    stop = settings.get("min_confidence")
+    return f"K≤{settings['k']} (cut below {stop:g})" if stop else f"K={settings['k']}"
+
+
 def chart(report: dict, path: Path) -> None:
     """Median speedup over plain decoding per prompt category, for specdec and for transformers."""
     import plotly.graph_objects as go
@@ -159,7 +167,7 @@ def chart(report: dict, path: Path) -> None:
         fig.add_bar(name=name, x=cats, y=ys, marker_color=color, text=[f"{y:.2f}×" for y in ys], textposition="outside")
     fig.add_hline(y=1.0, line_dash="dot", annotation_text="plain decoding")
     fig.update_layout(title=f"Speedup over plain decoding: {report['pair']} pair, {report['device']}, {report['dtype']}, "
-                            f"K={report['settings']['k']}, {report['settings']['max_new_tokens']} new tokens",
+                            f"{drafts(report['settings'])}, {report['settings']['max_new_tokens']} new tokens",
                       yaxis_title="speedup (×), median per category", barmode="group", template="plotly_white",
                       width=1000, height=500, legend=dict(orientation="h", y=-0.15))
     fig.write_html(path.with_suffix(".html"), include_plotlyjs="cdn")
@@ -173,15 +181,17 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m specdec_core.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--pair", default="bundled", help="bundled | tiny | TARGET_ID,DRAFT_ID")
     ap.add_argument("--prompts", default=str(Path(__file__).resolve().parent.parent / "assets" / "prompts.jsonl"))
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--k", type=int, default=DEFAULT_K, help="the longest draft")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--drafter", default="model", choices=["model", "hybrid", "prompt-lookup", "early-exit"])
     ap.add_argument("--adaptive", action="store_true", help="grow/shrink K per round")
-    ap.add_argument("--min-confidence", type=float, default=0.0, help="stop a draft below this draft confidence")
+    ap.add_argument("--min-confidence", type=float, default=DEFAULT_MIN_CONFIDENCE,
+                    help="cut a draft where the product of its top probabilities falls below this (0: always K)")
     ap.add_argument("--json", default="bench.json")
     ap.add_argument("--png", default=None, help="speedup chart (default: next to the JSON)")
     ap.add_argument("--compare-hf", action="store_true")
+    ap.add_argument("--hf-k", type=int, default=4, help="transformers' constant schedule drafts this many")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="auto")
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts")
@@ -199,14 +209,14 @@ def main(argv=None) -> dict:
     items = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     items = items[: args.limit] if args.limit else items
     # warm-up: first calls pay for allocations and kernel selection
-    warm = SpecConfig(k=args.k, max_new_tokens=8)
+    warm = dataclasses.replace(cfg, max_new_tokens=8)
     generate(pair, items[0]["prompt"], warm, "autoregressive")
     generate(pair, items[0]["prompt"], warm, drafter=make_drafter(pair, args.drafter))
     if args.compare_hf:
-        hf_assisted(pair, prepare(pair, items[0]["prompt"], warm), warm, True)
+        hf_assisted(pair, prepare(pair, items[0]["prompt"], warm), warm, args.hf_k)
     entries = []
     for item in items:
-        entries.append(run_prompt(pair, item, cfg, args.drafter, args.compare_hf))
+        entries.append(run_prompt(pair, item, cfg, args.drafter, args.compare_hf, args.hf_k))
         e = entries[-1]
         print(f"{e['id']}: {e['speedup']:.2f}x, acceptance {e['spec']['acceptance_rate']:.2f}", flush=True)
     report = {"pair": pair.name, "models": {"target": pair.info.get("target"), "draft": pair.info.get("draft")},
@@ -215,6 +225,7 @@ def main(argv=None) -> dict:
               "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", {torch.get_num_threads()} threads",
               "settings": {"k": cfg.k, "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
                            "drafter": args.drafter, "adaptive": cfg.adaptive, "min_confidence": cfg.min_confidence,
+                           "hf_k": args.hf_k,
                            "prompts": args.prompts},
               "load_s": load_s, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
               "prompts": entries, "summary": summarize(entries)}

@@ -60,7 +60,7 @@ class ModelDrafter:
         # The cache holds ids[:length]; feed the rest. After a fully accepted round that is two
         # tokens (the last drafted token, never fed, and the target's bonus token).
         x = torch.tensor(ids[self.lm.length:], device=self.lm.device)
-        tokens, qs, raw = [], [], []
+        tokens, qs, raw, sure = [], [], [], 1.0
         for _ in range(k):
             logits = self.lm.forward(x, keep=1)[0]
             q = logits_to_probs(logits, cfg.temperature, cfg.top_k, cfg.top_p)
@@ -68,9 +68,12 @@ class ModelDrafter:
             tokens.append(x.view(1))
             qs.append(q)
             raw.append(logits)
-            # an unsure draft is likely wrong from here on: stop and let the target verify what we have
-            if cfg.min_confidence and float(torch.softmax(logits.float(), -1).max()) < cfg.min_confidence:
-                break
+            # The draft's own chance that every token so far is right: the product of its top
+            # probabilities. Once that is low, the next token is unlikely to be reached: stop here.
+            if cfg.min_confidence:
+                sure *= float(torch.softmax(logits.float(), -1).max())
+                if sure < cfg.min_confidence:
+                    break
         if not tokens:
             return Draft(torch.empty(0, dtype=torch.long, device=self.lm.device), None)
         return Draft(torch.cat(tokens), torch.stack(qs), torch.stack(raw))

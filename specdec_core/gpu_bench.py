@@ -75,7 +75,7 @@ def measure(pair, args, graphs: str) -> dict:
     prompt = list(range(1, args.context))
     generate(pair, prompt, dataclasses.replace(cfg, max_new_tokens=8))  # compile the remaining shapes
     ar, spec = (generate(pair, prompt, cfg, m) for m in ("autoregressive", "speculative"))
-    a, c_run, v_run = measured_costs(ar.stats, spec.stats, cfg.k)
+    a, c_run, v_run = measured_costs(ar.stats, spec.stats)
     race = race_rates(pair, prompt, cfg)
     return {
         "graphs": graphs, "target_step_ms": step, "verify_cost_vs_step": verify, "draft_cost_c": c,

@@ -21,11 +21,18 @@ def expected_speedup(a: float, k: int, c: float, v: float = 1.0) -> float:
     return expected_tokens_per_round(a, k) / (k * c + v)
 
 
+def predicted_speedup(a: float, lengths: list[int], c: float, v: float) -> float:
+    """expected_speedup for a run whose rounds drafted these numbers of tokens (they vary when a
+    draft stops early); v is the run's mean verify cost."""
+    tokens = sum(expected_tokens_per_round(a, n) for n in lengths) / len(lengths)
+    return tokens / (sum(lengths) / len(lengths) * c + v)
+
+
 def best_k(a: float, c: float, v_of_k=lambda k: 1.0, k_max: int = 16) -> int:
     return max(range(1, k_max + 1), key=lambda k: expected_speedup(a, k, c, v_of_k(k)))
 
 
-def measured_costs(ar, spec, k: int) -> tuple[float, float, float]:
+def measured_costs(ar, spec) -> tuple[float, float, float]:
     """(a, c, v) from one run's own Stats: acceptance rate, draft step / target step, verify pass / target step."""
     step = (ar.seconds - ar.prefill_s) / max(ar.tokens, 1)  # the target's one-token step
     c = spec.draft_s / max(spec.drafted, 1) / step if step > 0 else 0.0
@@ -33,6 +40,6 @@ def measured_costs(ar, spec, k: int) -> tuple[float, float, float]:
     return spec.acceptance_rate, c, v
 
 
-def verify_cost_at(v: float, k_measured: int, k: int) -> float:
+def verify_cost_at(v: float, k_measured: float, k: int) -> float:
     """The verify pass's relative cost at another k, assuming it grows linearly with the tokens scored."""
     return 1.0 + (v - 1.0) * k / max(k_measured, 1)

@@ -32,15 +32,15 @@ def test_gpu_bench_runs_on_a_small_shape():
 
 
 def test_transformers_constant_k_really_drafts_k_tokens(tiny):
-    pair, cfg = with_eos(tiny, []), SpecConfig(k=3, max_new_tokens=20)
+    pair, cfg = with_eos(tiny, []), SpecConfig(max_new_tokens=20)
     ids = prepare(pair, "hello there", cfg)
     before = pair.draft.generation_config.to_dict()
     scored, forward = [], pair.target.forward
     pair.target.forward = lambda *a, **kw: scored.append(kw["input_ids"].shape[1]) or forward(*a, **kw)
     try:
-        bench.hf_assisted(pair, ids, cfg, constant_k=True)
+        bench.hf_assisted(pair, ids, cfg, constant_k=3)
         constant, scored[:] = scored[1:], []  # without the prompt pass
-        bench.hf_assisted(pair, ids, cfg, constant_k=False)
+        bench.hf_assisted(pair, ids, cfg)
     finally:
         del pair.target.forward
     assert len(constant) > 3 and set(constant[:-2]) == {4} and max(constant) == 4  # k drafts + 1; the end is cut short

@@ -1,4 +1,6 @@
 """The engine on the tiny pair: greedy equality, EOS, length caps, seeds and cache invariants."""
+import math
+
 import pytest
 
 from specdec_core import SpecConfig, autoregressive_generate, generate, speculative_generate
@@ -161,3 +163,7 @@ def test_low_draft_confidence_stops_the_draft_early_and_stays_lossless(tiny):
     out = generate(pair, PROMPT, cfg)
     assert out.token_ids == generate(pair, PROMPT, cfg, "autoregressive").token_ids
     assert any(len(e.drafted) < e.k for e in out.events)
+    for e in out.events:  # cut exactly where the product of the draft's top probabilities falls below 0.5
+        sure = [math.prod(top[0][1] for top in e.draft_top[: i + 1]) for i in range(len(e.drafted))]
+        assert all(s >= 0.5 for s in sure[:-1])
+        assert len(e.drafted) == e.k or sure[-1] < 0.5

@@ -1,6 +1,7 @@
 """A causal LM together with its KV cache and the one number that matters: how many tokens it holds."""
 from __future__ import annotations
 
+import copy
 import warnings
 import weakref
 
@@ -9,6 +10,20 @@ from transformers import DynamicCache, StaticCache
 
 STEP_SIZES = (1, 2, 4, 8, 16, 32)  # compiled step shapes: a short input is padded up to the next one
 _STATIC: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> StaticSteps
+_HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> SharedHead
+
+
+class SharedHead:
+    """Tokens that every prompt starts with (a chat template's system block) and, once computed,
+    their keys and values: later prompts copy them instead of running the model over them again."""
+
+    def __init__(self, ids: list[int]):
+        self.ids, self.cache = list(ids), None
+
+
+def share_head(model, ids: list[int]) -> None:
+    if ids:
+        _HEADS[model] = SharedHead(ids)
 
 
 class StaticSteps:
@@ -107,6 +122,15 @@ class CachedModel:
         return out.logits[0, n - keep: n].clone()  # a graph's output is overwritten by its next replay
 
     def prefill(self, ids: list[int]) -> None:
+        head = None if self.static else _HEADS.get(self.model)
+        if head and self.length == 0 and ids[: len(head.ids)] == head.ids:
+            # the head's keys and values do not depend on what follows it: computed once, then copied
+            if head.cache is None:
+                self.forward(torch.tensor(head.ids, device=self.device), keep=1, step=False)
+                head.cache = copy.deepcopy(self.cache)
+            else:
+                self.cache, self.length = copy.deepcopy(head.cache), len(head.ids)
+            ids = ids[len(head.ids):]
         if ids:
             self.forward(torch.tensor(ids, device=self.device), keep=1, step=False)
 

@@ -74,6 +74,13 @@ def make_pair(name, target, draft, tokenizer, device, dtype, info=None) -> Pair:
     info = dict(info or {})
     info["target_params"] = sum(p.numel() for p in target.parameters())
     info["draft_params"] = sum(p.numel() for p in draft.parameters()) if draft is not None else 0
+    from .cache import share_head
+    from .text import template_head
+
+    head = template_head(tokenizer)  # every prompt's chat-template head is computed once per model
+    for model in (target, draft):
+        if model is not None:
+            share_head(model, head)
     return Pair(name, target.eval(), draft.eval() if draft is not None else None, tokenizer, vocab,
                 eos_ids_of(target, tokenizer), int(ctx), device, dtype, info)
 

@@ -14,13 +14,24 @@ def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
         raise ValueError("The prompt is empty: type something to generate from.")
     literal = tokenizer(prompt, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     if chat and getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": _SLOT}],
-                                             add_generation_prompt=True, tokenize=False)
-        before, after = text.split(_SLOT)
-        enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"] if s else []
-        return enc(before) + literal + enc(after)
+        before, after = _template(tokenizer)
+        return before + literal + after
     bos = [tokenizer.bos_token_id] if getattr(tokenizer, "add_bos_token", False) and tokenizer.bos_token_id is not None else []
     return bos + literal
+
+
+def template_head(tokenizer) -> list[int]:
+    """The ids every chat prompt starts with (the template's system block and the user's turn
+    marker); [] without a chat template."""
+    return _template(tokenizer)[0] if getattr(tokenizer, "chat_template", None) else []
+
+
+def _template(tokenizer) -> tuple[list[int], list[int]]:
+    text = tokenizer.apply_chat_template([{"role": "user", "content": _SLOT}], add_generation_prompt=True,
+                                         tokenize=False)
+    before, after = text.split(_SLOT)
+    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"] if s else []
+    return enc(before), enc(after)
 
 
 class Detokenizer:

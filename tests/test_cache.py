@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specdec_core import SpecConfig, autoregressive_generate, generate, speculative_generate
-from specdec_core.cache import _STATIC, CachedModel
+from specdec_core.cache import _HEADS, _STATIC, CachedModel
 from specdec_core.models import enable_graphs, make_pair
 from specdec_core.tiny import tiny_models
 
@@ -74,3 +74,32 @@ def test_static_cache_refuses_to_overflow(fresh_pair):
     lm.prefill(list(range(1, 30)))
     with pytest.raises(ValueError, match="static cache of 64"):
         lm.forward(torch.ones(8, dtype=torch.long), keep=1)
+
+
+def test_the_chat_template_head_is_computed_once_and_copied(fresh_pair):
+    from specdec_core.text import encode_prompt
+
+    head = _HEADS[fresh_pair.target].ids
+    ids = encode_prompt(fresh_pair.tokenizer, "shared heads")
+    assert len(head) > 1 and ids[: len(head)] == head
+    fed = []
+    hook = fresh_pair.target.register_forward_pre_hook(lambda m, a, kw: fed.append(kw["input_ids"].shape[1]),
+                                                       with_kwargs=True)
+    try:
+        first, second = CachedModel(fresh_pair.target, fresh_pair.vocab), CachedModel(fresh_pair.target, fresh_pair.vocab)
+        first.prefill(ids[:-1])
+        second.prefill(ids[:-1])
+    finally:
+        hook.remove()
+    assert fed == [len(head), len(ids) - 1 - len(head), len(ids) - 1 - len(head)]  # the head ran once
+    whole = CachedModel(fresh_pair.target, fresh_pair.vocab)
+    whole.forward(torch.tensor(ids[:-1]), keep=1, step=False)  # no head sharing: one pass over the prompt
+    last = torch.tensor(ids[-1:])
+    for cached in (first, second):
+        assert cached.length == whole.length
+        torch.testing.assert_close(cached.forward(last, keep=1), whole.forward(last, keep=1))
+        whole.crop(len(ids) - 1)
+    # a prompt without the head (no chat template) is prefilled as it is
+    plain = CachedModel(fresh_pair.target, fresh_pair.vocab)
+    plain.prefill([5, 6, 7])
+    assert plain.length == 3

@@ -144,7 +144,8 @@ def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | N
 
     progress = progress or (lambda f, m: None)
 
-    for model, sizes in ((pair.target, STEP_SIZES[:4]), (pair.draft, STEP_SIZES[:2])):
+    # a default round scores up to DEFAULT_K + 1 tokens (padded to 32); a draft step feeds one or two
+    for model, sizes in ((pair.target, STEP_SIZES), (pair.draft, STEP_SIZES[:2])):
         if model is None:
             continue
         compile_steps(model, max_len, backend)

@@ -41,7 +41,9 @@ so every token has the target's own distribution (greedy: keep a draft token onl
 
 **Why it is faster.** One target pass scores all K drafts at once, and on memory-bound hardware a pass over
 K+1 tokens costs little more than over one. With acceptance rate a, a round yields (1 − a^(K+1)) / (1 − a)
-tokens for the price of K draft steps and one target pass.""",
+tokens for the price of K draft steps and one target pass. By default a draft also stops early, once the draft's
+own confidence that all of it is right (the product of its top probabilities) falls below a threshold: it drafts
+long where it is sure and short where it is not, so K is the most it drafts.""",
         """**Por que a saída não muda.** Cada token rascunhado x é mantido com probabilidade min(1, p(x)/q(x)), onde p
 é a probabilidade do modelo alvo e q a do rascunho. Quando é rejeitado, o token do alvo é sorteado de
 max(0, p − q), renormalizada: exatamente a massa que o rascunho cobriu de menos. Os dois casos somam p, então
@@ -49,14 +51,17 @@ cada token tem a distribuição do próprio alvo (no modo guloso: mantém o rasc
 
 **Por que é mais rápido.** Uma passada do alvo avalia os K rascunhos de uma vez e, em hardware limitado por
 memória, uma passada sobre K+1 tokens custa pouco mais que sobre um. Com taxa de aceitação a, cada rodada rende
-(1 − a^(K+1)) / (1 − a) tokens pelo preço de K passos do rascunho e uma passada do alvo."""),
+(1 − a^(K+1)) / (1 − a) tokens pelo preço de K passos do rascunho e uma passada do alvo. Por padrão o rascunho
+também para antes, quando a confiança do próprio rascunho de que tudo está certo (o produto das suas maiores
+probabilidades) cai abaixo de um limiar: rascunha muito onde tem certeza e pouco onde não tem; K é o máximo."""),
     "theory_note": (
-        "Predicted speedup for K = 1..8 from this run's measured acceptance rate a, draft cost c (one draft step / "
-        "one target step) and verify cost; the dotted curve is the paper's model, which assumes a K+1-token pass "
-        "costs one step.",
-        "Aceleração prevista para K = 1..8 a partir da taxa de aceitação a, do custo do rascunho c (um passo do "
-        "rascunho / um passo do alvo) e do custo da verificação medidos nesta execução; a curva pontilhada é o "
-        "modelo do artigo, que supõe que uma passada sobre K+1 tokens custa um passo."),
+        "Predicted speedup for K = 1..8 (or up to the chosen K) from this run's measured acceptance rate a, draft "
+        "cost c (one draft step / one target step) and verify cost; the dotted curve is the paper's model, which "
+        "assumes a K+1-token pass costs one step. The measured point sits at the run's mean draft length.",
+        "Aceleração prevista para K = 1..8 (ou até o K escolhido) a partir da taxa de aceitação a, do custo do "
+        "rascunho c (um passo do rascunho / um passo do alvo) e do custo da verificação medidos nesta execução; a "
+        "curva pontilhada é o modelo do artigo, que supõe que uma passada sobre K+1 tokens custa um passo. O ponto "
+        "medido fica no tamanho médio dos rascunhos da execução."),
     "pair_box": ("Model pair", "Par de modelos"),
     "pair": ("Model pair (target ← draft)", "Par de modelos (alvo ← rascunho)"),
     "custom": ("…or custom TARGET_ID,DRAFT_ID", "…ou um par próprio ALVO_ID,RASCUNHO_ID"),
@@ -177,7 +182,7 @@ memória, uma passada sobre K+1 tokens custa pouco mais que sobre um. Com taxa d
     "f_rounds": ("Accepted draft tokens per round", "Tokens rascunhados aceitos por rodada"),
     "f_round": ("round", "rodada"),
     "f_accepted": ("accepted", "aceitos"),
-    "f_drafted": ("drafted (K)", "rascunhados (K)"),
+    "f_drafted": ("drafted", "rascunhados"),
     "f_positions": ("Acceptance rate by draft position", "Taxa de aceitação por posição no rascunho"),
     "f_position": ("draft position", "posição no rascunho"),
     "f_acceptance": ("acceptance", "aceitação"),

@@ -69,10 +69,10 @@ def test_a_failing_compiled_step_falls_back_without_changing_output(fresh_pair):
 
 
 def test_static_cache_refuses_to_overflow(fresh_pair):
-    enable_graphs(fresh_pair, "eager", max_len=64)
+    enable_graphs(fresh_pair, "eager", max_len=96)
     lm = CachedModel(fresh_pair.target, fresh_pair.vocab)
-    lm.prefill(list(range(1, 30)))
-    with pytest.raises(ValueError, match="static cache of 64"):
+    lm.prefill(list(range(1, 60)))
+    with pytest.raises(ValueError, match="static cache of 96"):
         lm.forward(torch.ones(8, dtype=torch.long), keep=1)
 
 

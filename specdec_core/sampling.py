@@ -17,11 +17,14 @@ class NonFiniteLogitsError(RuntimeError):
 def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """[..., V] logits -> [..., V] float32 probabilities."""
     logits = logits.float()
-    # -inf is a legitimate mask (a pruned draft head); NaN and +inf are failures
-    if bool(torch.isnan(logits).any() | torch.isposinf(logits).any()):
+    # -inf is a legitimate mask (a pruned draft head); NaN and +inf are failures. A row's max is NaN
+    # or +inf exactly when the row holds one, so one pass checks every row and finds the argmax too
+    # (this runs for every draft token and every verified row: a pass over 150k logits each).
+    top, argmax = logits.max(-1, keepdim=True)
+    if bool(torch.isnan(top).any() | torch.isposinf(top).any()):
         raise NonFiniteLogitsError("the model produced NaN or infinite logits; nothing was sampled from them")
     if temperature == 0.0:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        return torch.zeros_like(logits).scatter_(-1, argmax, 1.0)  # ties: the first maximum, as argmax
     logits = logits / temperature
     if 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]

@@ -24,10 +24,16 @@ def test_temperature_top_k_top_p():
     assert hot[0] > 0.5 and math.isclose(hot.sum().item(), 1.0, rel_tol=1e-6)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_non_finite_logits_are_never_sampled(bad):
+def test_non_finite_logits_are_never_sampled(bad, temperature):
     with pytest.raises(NonFiniteLogitsError):
-        logits_to_probs(torch.tensor([0.0, bad]), 1.0)
+        logits_to_probs(torch.tensor([[0.0, 1.0, 2.0], [5.0, bad, 0.0]]), temperature)
+
+
+def test_greedy_is_one_hot_at_the_first_maximum():
+    logits = torch.tensor([[0.0, 3.0, 3.0, 1.0], [2.0, float("-inf"), 0.0, 2.0]], dtype=torch.bfloat16)
+    assert logits_to_probs(logits, 0.0).tolist() == [[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
 
 
 def test_minus_infinity_masks_a_token():

@@ -117,7 +117,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
         raise ValueError("A custom pair needs both a target and a draft model id (or directory).")
     else:
         pair = load_hub_pair(target, draft, dev, dt, progress)
-    from .quant import Int4Linear, can_pack, cheapen_draft, pack_linears
+    from .quant import can_pack, cheapen_draft, pack_linears, quant_label
 
     cpu_bf16 = dev.type == "cpu" and dt == torch.bfloat16
     # the bundled draft keeps its quantised weights beside its own, with the manifest of the weights they came from
@@ -125,8 +125,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     if pair.draft is not None and (draft_quant is True or (draft_quant == "auto" and dev.type == "cpu")):
         saved = Path(quant_dir) / f"draft-{quant_mode}.safetensors" if quant_dir else None
         cheapen_draft(pair.draft, quant=True, mode=quant_mode, saved=saved, source=source)
-        int4 = any(isinstance(m, Int4Linear) for m in pair.draft.modules())  # bfloat16 only
-        pair.info["draft_quant"] = "int4" if int4 else f"int8 ({'mixed' if quant_mode == 'int4' else quant_mode})"
+        pair.info["draft_quant"] = quant_label(pair.draft, quant_mode)
     if pack is True or (pack == "auto" and cpu_bf16):
         for model in (pair.target, pair.draft):
             if model is not None and can_pack(model):

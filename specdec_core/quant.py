@@ -191,6 +191,13 @@ def _int4(name: str, mod: nn.Linear, saved: dict | None) -> nn.Module:
     return Int4Linear(mod, saved) if Int4Linear.fits(mod) else _mixed(name, mod, saved)
 
 
+def quant_label(model: nn.Module, mode: str) -> str:
+    """What a draft cheapened in `mode` got: "int4", or int8 in the mode used (int4 falls back to mixed)."""
+    if any(isinstance(m, Int4Linear) for m in model.modules()):
+        return "int4"
+    return f"int8 ({'mixed' if mode == 'int4' else mode})"
+
+
 QUANT_MODES = {"int4": _int4, "mixed": _mixed, "dynamic": lambda name, mod, saved: DynamicInt8Linear(mod, saved),
                "weight-only": lambda name, mod, saved: Int8Linear(mod, saved)}  # mode -> make(name, linear, saved)
 

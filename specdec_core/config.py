@@ -10,7 +10,7 @@ MAX_NEW_TOKENS = 1024
 MAX_TEMPERATURE = 2.0
 MAX_PROMPT_CHARS = 20_000
 # What the app starts with and the bench measures by default: drafts of up to 16 tokens, each cut
-# where the draft's confidence in it falls below 0.35 (README, Performance, has the measurements).
+# where the draft's confidence in it falls below 0.35 (docs/benchmarks.md has the measurements).
 DEFAULT_K, DEFAULT_MIN_CONFIDENCE = MAX_K, 0.35
 GREEDY_BELOW = 1e-4  # temperatures below this are treated as 0 (greedy): softmax(l / 1e-9) is one-hot anyway
 
@@ -26,7 +26,7 @@ class SpecConfig:
     chat: bool = True  # wrap the prompt in the tokenizer's chat template when it has one
     adaptive: bool = False  # grow K after a fully accepted round, shrink it after a rejection
     min_confidence: float = 0.0  # stop a draft once the product of its top probabilities falls below this; 0 = off
-    record_top: int = 5  # top-n probabilities kept per position in events (for the inspector); 0 = none
+    record_top: int = 0  # top-n probabilities kept per position in events (the app's inspector asks for 5); 0 = none
 
     def __post_init__(self):
         for f in fields(self):

@@ -4,7 +4,8 @@ drafter only changes speed (how many are accepted), never the output distributio
 Interface (three methods):
   start(ids)                      prefill with the prompt
   propose(ids, k, cfg, generator) -> Draft: up to k tokens, and the distributions q they were
-                                   sampled from (None for a deterministic drafter: q is a point mass)
+                                   sampled from (None for a deterministic drafter: q is a point mass);
+                                   on a GPU the tokens stay on the device, and so may the draft's length
   commit(n_ids)                   the round committed tokens; the sequence now has n_ids tokens
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from torch import nn
 
 from .cache import CachedModel
-from .sampling import logits_to_probs, sample
+from .sampling import sample, warp
 
 
 @dataclass
@@ -24,6 +25,8 @@ class Draft:
     tokens: torch.Tensor  # [k'] proposed ids, k' <= k
     q: torch.Tensor | None  # [k', V] distributions they were sampled from; None = deterministic drafter
     logits: torch.Tensor | None = None  # [k', V] raw draft logits, kept only for display
+    size: torch.Tensor | None = None  # () on the device: only the first `size` tokens are the draft (None: all)
+    failed: torch.Tensor | None = None  # () bool on the device: the draft produced NaN or +inf logits
 
     def __len__(self) -> int:
         return self.tokens.numel()
@@ -45,12 +48,19 @@ class NoDrafter:
 
 
 class ModelDrafter:
-    """A small causal LM drafts k tokens autoregressively, sampling each from warped q."""
+    """A small causal LM drafts k tokens autoregressively, sampling each from warped q.
+
+    The confidence cut (cfg.min_confidence) stops a draft once the product of the draft's top
+    probabilities falls below the threshold. A CPU reads each step's confidence and stops there: the
+    read costs nothing and the steps saved are slow. A GPU must not wait for the host between steps,
+    so it drafts all k and the cut becomes the draft's `size`, a number that stays on the device.
+    """
 
     name = "model"
 
-    def __init__(self, model, vocab: int):
-        self.lm = CachedModel(model, vocab)
+    def __init__(self, lm: CachedModel, cut_on_device: bool | None = None):
+        self.lm = lm
+        self.cut_on_device = lm.device.type != "cpu" if cut_on_device is None else cut_on_device
 
     def start(self, ids):
         self.lm.reset()
@@ -60,23 +70,30 @@ class ModelDrafter:
         # The cache holds ids[:length]; feed the rest. After a fully accepted round that is two
         # tokens (the last drafted token, never fed, and the target's bonus token).
         x = torch.tensor(ids[self.lm.length:], device=self.lm.device)
-        tokens, qs, raw, sure = [], [], [], 1.0
+        tokens, qs, raw, failed, tops, sure = [], [], [], [], [], 1.0
         for _ in range(k):
             logits = self.lm.forward(x, keep=1)[0]
-            q = logits_to_probs(logits, cfg.temperature, cfg.top_k, cfg.top_p)
+            q, bad = warp(logits, cfg.temperature, cfg.top_k, cfg.top_p)
             x = q.argmax(-1, keepdim=True) if cfg.greedy else sample(q[None], generator)
             tokens.append(x.view(1))
             qs.append(q)
             raw.append(logits)
-            # The draft's own chance that every token so far is right: the product of its top
-            # probabilities. Once that is low, the next token is unlikely to be reached: stop here.
+            failed.append(bad)
             if cfg.min_confidence:
-                sure *= float(torch.softmax(logits.float(), -1).max())
-                if sure < cfg.min_confidence:
-                    break
+                # the draft's own chance that every token so far is right; once that is low, the next
+                # token is unlikely to be reached
+                tops.append(torch.softmax(logits.float(), -1).max())
+                if not self.cut_on_device:
+                    sure *= float(tops[-1])
+                    if sure < cfg.min_confidence:
+                        break
         if not tokens:
             return Draft(torch.empty(0, dtype=torch.long, device=self.lm.device), None)
-        return Draft(torch.cat(tokens), torch.stack(qs), torch.stack(raw))
+        size = None
+        if cfg.min_confidence and self.cut_on_device:
+            sure = torch.stack(tops).to(torch.float32 if self.lm.device.type == "mps" else torch.float64).cumprod(0)
+            size = ((sure >= cfg.min_confidence).sum() + 1).clamp(max=len(tokens))
+        return Draft(torch.cat(tokens), torch.stack(qs), torch.stack(raw), size, torch.stack(failed).any())
 
     def commit(self, n_ids):
         # keep only the committed prefix; the newest committed token is fed next round
@@ -159,7 +176,7 @@ class EarlyExitDrafter(ModelDrafter):
     name = "early-exit"
 
     def __init__(self, target, vocab: int, layers: int):
-        super().__init__(truncated_view(target, layers), vocab)
+        super().__init__(CachedModel(truncated_view(target, layers), vocab))
 
 
 def truncated_view(model: nn.Module, layers: int) -> nn.Module:

@@ -6,31 +6,51 @@ drafter that proposes nothing, so every round is one single-token target step.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from itertools import count
 from typing import Iterator
 
 import torch
 
-from .cache import CachedModel
 from .config import MAX_K, MAX_PROMPT_CHARS, SpecConfig
 from .drafters import Draft, EarlyExitDrafter, HybridDrafter, ModelDrafter, NoDrafter, PromptLookupDrafter
 from .events import Result, RoundEvent, summarize
-from .sampling import logits_to_probs, top_entries
+from .sampling import NON_FINITE, NonFiniteLogitsError, warp
 from .text import encode_prompt
-from .verify import verify
+from .verify import decide
 
 
 class Clock:
     """This decoder's own compute time: it stops while the consumer of the events holds control,
-    so two decoders interleaved on one device are each charged only their own work."""
+    so two decoders interleaved on one device are each charged only their own work.
+
+    On CUDA the parts of a round are timed with events, read once the round's one transfer to the
+    host has synchronised anyway, so timing adds no stall of its own.
+    """
 
     def __init__(self, device: torch.device):
         kind = torch.device(device).type
-        self._sync = {"cuda": torch.cuda.synchronize, "mps": getattr(torch, "mps", None) and torch.mps.synchronize}.get(kind)
+        self.cuda = kind == "cuda"
+        self._sync = torch.mps.synchronize if kind == "mps" else None
         self.elapsed, self._t = 0.0, time.perf_counter()
 
-    def lap(self) -> float:
+    def mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
         if self._sync:
+            self._sync()
+        return time.perf_counter()
+
+    def between(self, a, b) -> float:
+        return a.elapsed_time(b) / 1000 if self.cuda else b - a
+
+    def lap(self, sync: bool = False) -> float:
+        """Seconds since the last lap; `sync` waits for the device first (rounds need not: their read did)."""
+        if sync and self.cuda:
+            torch.cuda.synchronize()
+        elif self._sync:
             self._sync()
         now = time.perf_counter()
         d, self._t = now - self._t, now
@@ -59,7 +79,7 @@ def make_drafter(pair, name: str = "model", layers: int | None = None):
     if name in ("model", "hybrid"):
         if pair.draft is None:
             raise ValueError(f"The pair {pair.name!r} has no draft model; choose prompt-lookup or early-exit.")
-        drafter = ModelDrafter(pair.draft, pair.vocab)
+        drafter = ModelDrafter(pair.cached("draft"))
         return drafter if name == "model" else HybridDrafter(drafter)
     if name == "prompt-lookup":
         return PromptLookupDrafter()
@@ -68,9 +88,10 @@ def make_drafter(pair, name: str = "model", layers: int | None = None):
     raise ValueError(f"Unknown drafter {name!r}: use model, hybrid, prompt-lookup or early-exit.")
 
 
-def speculative_generate(pair, prompt, cfg: SpecConfig, drafter=None) -> Iterator[RoundEvent]:
-    """One event per round: draft k tokens, verify them in one target pass, commit a prefix + 1."""
-    return decode(pair, prepare(pair, prompt, cfg), cfg, drafter or make_drafter(pair), "speculative")
+def speculative_generate(pair, prompt, cfg: SpecConfig, drafter=None, judge=decide) -> Iterator[RoundEvent]:
+    """One event per round: draft k tokens, verify them in one target pass, commit a prefix + 1.
+    `judge`: the accept/reject rule (verify.decide; the GPU bench swaps in a simulated one)."""
+    return decode(pair, prepare(pair, prompt, cfg), cfg, drafter or make_drafter(pair), "speculative", judge)
 
 
 def autoregressive_generate(pair, prompt, cfg: SpecConfig) -> Iterator[RoundEvent]:
@@ -92,31 +113,36 @@ def generate(pair, prompt, cfg: SpecConfig, method: str = "speculative", drafter
     return Result(prompt_ids, ids, text, summarize(events), events)
 
 
-def decode(pair, prompt_ids: list[int], cfg: SpecConfig, drafter, method: str) -> Iterator[RoundEvent]:
-    target = CachedModel(pair.target, pair.vocab)
+def decode(pair, prompt_ids: list[int], cfg: SpecConfig, drafter, method: str, judge=decide) -> Iterator[RoundEvent]:
+    target = pair.cached("target")
     gen = torch.Generator(device=target.device).manual_seed(cfg.seed)
-    warp = lambda logits: logits_to_probs(logits, cfg.temperature, cfg.top_k, cfg.top_p)
     ids, n_prompt, k = list(prompt_ids), len(prompt_ids), cfg.k
     clock = Clock(target.device)
     # 0) prefill: each cache takes every token but the last, which opens round 1
     target.prefill(ids[:-1])
     drafter.start(ids)
-    prefill_s = clock.lap()
+    prefill_s = clock.lap(sync=True)
     for rnd in count(1):
         remaining = cfg.max_new_tokens - (len(ids) - n_prompt)
         k_round = min(k, remaining - 1)  # a round commits at most k+1 tokens
+        t0 = clock.mark()
         # 1) draft up to k tokens (with the q each was sampled from)
         draft: Draft = drafter.propose(ids, k_round, cfg, gen)
-        draft_s = clock.lap()
+        t1 = clock.mark()
         # 2) verify: the target scores [last, x_1..x_k] in ONE pass -> p for k+1 positions
         x = draft.tokens.to(target.device)
+        q = None if draft.q is None else draft.q.to(target.device)
         logits = target.forward(torch.cat([torch.tensor(ids[-1:], device=target.device), x]), keep=len(draft) + 1)
-        p = warp(logits)
-        v = verify(x, None if draft.q is None else draft.q.to(target.device), p, gen)
-        verify_s = clock.lap()
-        # 3) commit the accepted prefix and the target's token; stop at EOS or the length cap
-        drafted = x.tolist()
-        new = drafted[: v.n_accepted] + [v.token]
+        p, failed = warp(logits, cfg.temperature, cfg.top_k, cfg.top_p)
+        d = judge(x, q, p, gen, draft.size)
+        # 3) the round's one read from the device: the decision, and what the event records
+        r = read_round(x, q, p, d, failed if draft.failed is None else failed | draft.failed.to(failed.device),
+                       draft.size, logits, draft.logits, cfg)
+        t2 = clock.mark()
+        if r.failed:
+            raise NonFiniteLogitsError(NON_FINITE)
+        # 4) commit the accepted prefix and the target's token; stop at EOS or the length cap
+        new = r.drafted[: r.accepted] + [r.token]
         eos_at = next((i for i, t in enumerate(new) if t in pair.eos_ids), None)
         if eos_at is not None:
             new = new[: eos_at + 1]
@@ -127,36 +153,88 @@ def decode(pair, prompt_ids: list[int], cfg: SpecConfig, drafter, method: str) -
         drafter.commit(len(ids))
         target.check()
         assert target.length == len(ids) - 1 and n_gen <= cfg.max_new_tokens
-        if cfg.adaptive and len(draft):  # grow after a full acceptance, shrink after a rejection
-            k = min(k + 1, MAX_K) if v.n_accepted == len(draft) else max(1, k - 1)
-        event = _event(method, drafter.name, rnd, k_round, drafted, v, new, p, logits, draft, cfg,
-                       prefill_s if rnd == 1 else 0.0, draft_s, verify_s, n_gen, finish)
-        event.overhead_s = clock.lap()
-        event.elapsed_s = clock.elapsed
-        yield event
+        if cfg.adaptive and r.drafted:  # grow after a full acceptance, shrink after a rejection
+            k = min(k + 1, MAX_K) if r.accepted == len(r.drafted) else max(1, k - 1)
+        draft_s, verify_s = clock.between(t0, t1), clock.between(t1, t2)
+        round_s = clock.lap()
+        yield RoundEvent(
+            method=method, drafter=drafter.name, round=rnd, k=k_round, drafted=r.drafted, accepted=r.accepted,
+            token=r.token, committed=new, greedy=cfg.greedy,
+            token_kind="target" if method == "autoregressive" else "replacement" if r.rejected else "bonus",
+            p_drafted=r.p_drafted, q_drafted=r.q_drafted, accept_probs=r.accept_probs, uniforms=r.uniforms,
+            p_token=r.p_token, target_top=r.target_top, draft_top=r.draft_top, residual_top=r.residual_top,
+            prefill_s=prefill_s if rnd == 1 else 0.0, draft_s=draft_s, verify_s=verify_s,
+            overhead_s=max(round_s - draft_s - verify_s, 0.0), elapsed_s=clock.elapsed,
+            n_generated=n_gen, finished=finish is not None, finish_reason=finish)
         if finish:
             return
         clock.resume()
 
 
-def _event(method, drafter, rnd, k, drafted, v, new, p, logits, draft, cfg, prefill_s, draft_s, verify_s, n_gen, finish):
-    n = len(drafted)
-    rows = torch.arange(n, device=p.device)
-    x = torch.tensor(drafted, dtype=torch.long, device=p.device)
-    q_x = draft.q.to(p.device)[rows, x].tolist() if draft.q is not None else [1.0] * n
-    token_dist = v.residual if v.residual is not None else p[v.n_accepted]
-    # greedy distributions are one-hot; show the models' own (temperature 1) probabilities instead
-    shown_p = torch.softmax(logits.float(), -1) if cfg.greedy else p
-    shown_q = None
-    if draft.q is not None:
-        shown_q = torch.softmax(draft.logits.float(), -1) if cfg.greedy and draft.logits is not None else draft.q
-    return RoundEvent(
-        method=method, drafter=drafter, round=rnd, k=k, drafted=drafted, accepted=v.n_accepted, token=v.token,
-        token_kind="target" if method == "autoregressive" else "bonus" if v.residual is None else "replacement",
-        committed=new, p_drafted=p[rows, x].tolist(), q_drafted=q_x, accept_probs=v.accept_probs.tolist(),
-        uniforms=v.uniforms.tolist(), p_token=float(token_dist[v.token]), greedy=cfg.greedy,
-        target_top=top_entries(shown_p, cfg.record_top),
-        draft_top=top_entries(shown_q, cfg.record_top) if shown_q is not None else [],
-        residual_top=top_entries(v.residual[None], cfg.record_top)[0] if v.residual is not None else None,
-        prefill_s=prefill_s, draft_s=draft_s, verify_s=verify_s, overhead_s=0.0, elapsed_s=0.0,
-        n_generated=n_gen, finished=finish is not None, finish_reason=finish)
+@dataclass
+class Read:
+    """A round's outcome on the host."""
+    failed: bool
+    accepted: int
+    token: int
+    rejected: bool
+    p_token: float
+    drafted: list[int]
+    p_drafted: list[float]
+    q_drafted: list[float]
+    accept_probs: list[float]
+    uniforms: list[float]
+    target_top: list = field(default_factory=list)
+    draft_top: list = field(default_factory=list)
+    residual_top: list | None = None
+
+
+def read_round(x, q, p, d, failed, size, logits, draft_logits, cfg: SpecConfig) -> Read:
+    """Everything the host needs from a round, packed into one tensor and copied back in one transfer.
+
+    Token ids travel as float32, exact below 2**24. The inspector's top-n lists (cfg.record_top) are
+    computed only when asked for. Greedy distributions are one-hot, so there the lists show the models'
+    own (temperature 1) probabilities instead.
+    """
+    k, n_top = x.numel(), cfg.record_top
+    rows = torch.arange(k, device=p.device)
+    q_x = q[rows, x] if q is not None else torch.ones(k, device=p.device)
+    head = torch.stack([failed.float(), d.n_accepted.float(), d.token.float(), d.rejected.float(), d.dist.gather(0, d.token.view(1))[0],
+                        torch.tensor(float(k), device=p.device) if size is None else size.float()])
+    parts = [head, x.float(), p[rows, x], q_x, d.accept_probs, d.uniforms]
+    tops = []
+    if n_top:
+        shown_p = torch.softmax(logits.float(), -1) if cfg.greedy else p
+        tops.append(torch.topk(shown_p, min(n_top, p.shape[-1]), -1))
+        if q is not None:
+            shown_q = torch.softmax(draft_logits.float(), -1) if cfg.greedy and draft_logits is not None else q
+            tops.append(torch.topk(shown_q.to(p.device), min(n_top, p.shape[-1]), -1))
+        tops.append(torch.topk(d.dist[None], min(n_top, p.shape[-1]), -1))
+        parts += [t for top in tops for t in (top.indices.float().flatten(), top.values.flatten())]
+    flat = torch.cat(parts).tolist()  # the one device -> host transfer of the round
+    failed_, n, token, rejected, p_token, size_ = flat[:6]
+    at, cut = 6, int(size_)
+
+    def take(count):
+        nonlocal at
+        at += count
+        return flat[at - count: at]
+
+    columns = [take(k) for _ in range(5)]
+    drafted, p_x, q_x, accept, uniforms = (c[:cut] for c in columns)
+    tables = []
+    for top in tops:
+        n_rows, width = top.indices.shape
+        ids, vals = take(n_rows * width), take(n_rows * width)
+        tables.append([[(int(i), v) for i, v in zip(ids[r * width:(r + 1) * width], vals[r * width:(r + 1) * width])]
+                       for r in range(n_rows)])
+    read = Read(bool(failed_), int(n), int(token), bool(rejected), p_token, [int(t) for t in drafted], p_x, q_x,
+                accept, uniforms)
+    if n_top:
+        read.target_top = tables[0][: cut + 1]
+        read.draft_top = tables[1][:cut] if q is not None else []
+        read.residual_top = tables[-1][0] if read.rejected else None
+    else:
+        read.target_top = [[] for _ in range(cut + 1)]
+        read.draft_top = [[] for _ in range(cut)] if q is not None else []
+    return read

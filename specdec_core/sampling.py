@@ -14,18 +14,25 @@ class NonFiniteLogitsError(RuntimeError):
     """A model produced NaN or infinite logits (for example float16 overflow)."""
 
 
-def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """[..., V] logits -> [..., V] float32 probabilities."""
+NON_FINITE = "the model produced NaN or infinite logits; no token was taken from them"
+
+
+def warp(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., V] logits -> ([..., V] float32 probabilities, a () bool tensor: some row held NaN or +inf).
+
+    Nothing is read back to the host: the caller reads the flag together with the rest of its round
+    and raises NonFiniteLogitsError before anything is committed. A failed row is sampled from
+    harmlessly (a one-hot at its argmax when greedy, uniform otherwise) and never used.
+    """
     logits = logits.float()
     # -inf is a legitimate mask (a pruned draft head); NaN and +inf are failures. A row's max is NaN
     # or +inf exactly when the row holds one, so one pass checks every row and finds the argmax too
     # (this runs for every draft token and every verified row: a pass over 150k logits each).
     top, argmax = logits.max(-1, keepdim=True)
-    if bool(torch.isnan(top).any() | torch.isposinf(top).any()):
-        raise NonFiniteLogitsError("the model produced NaN or infinite logits; nothing was sampled from them")
+    failed = torch.isnan(top) | torch.isposinf(top)
     if temperature == 0.0:
-        return torch.zeros_like(logits).scatter_(-1, argmax, 1.0)  # ties: the first maximum, as argmax
-    logits = logits / temperature
+        return torch.zeros_like(logits).scatter_(-1, argmax, 1.0), failed.any()  # ties: the first maximum
+    logits = torch.where(failed, 0.0, logits) / temperature
     if 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -37,6 +44,14 @@ def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, to
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
         probs = probs / probs.sum(-1, keepdim=True)
+    return probs, failed.any()
+
+
+def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """`warp`, raising at once on NaN or +inf (it reads the flag: for code off the hot path)."""
+    probs, failed = warp(logits, temperature, top_k, top_p)
+    if bool(failed):
+        raise NonFiniteLogitsError(NON_FINITE)
     return probs
 
 
@@ -45,9 +60,3 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator).reshape(probs.shape[:-1])
 
 
-def top_entries(probs: torch.Tensor, n: int) -> list[list[tuple[int, float]]]:
-    """The n most likely (token, probability) pairs of each row, for events and the inspector."""
-    if n == 0:
-        return [[] for _ in range(probs.shape[0])]
-    vals, idx = torch.topk(probs.float(), min(n, probs.shape[-1]), dim=-1)
-    return [list(zip(i, v)) for i, v in zip(idx.tolist(), vals.tolist())]

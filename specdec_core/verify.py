@@ -6,12 +6,26 @@ A drafted token x is accepted with probability min(1, p(x) / q(x)); at the first
 replacement is sampled from the residual norm(max(0, p - q)); when all k are accepted a bonus
 token is sampled from p at the position after them. The output then has exactly the target's
 distribution, whatever q is, provided q is the distribution x was actually sampled from.
+
+`decide` does all of it on the device, with no value read back to the host, so a GPU never waits
+for the CPU in the middle of a round; `verify` is the same decision read back as Python numbers.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+
+@dataclass
+class Decision:
+    """One round's verdict, as device tensors."""
+    n_accepted: torch.Tensor  # () long: length of the accepted prefix of the draft
+    token: torch.Tensor  # () long: the target's token (residual sample after a rejection, else the bonus)
+    accept_probs: torch.Tensor  # [k] min(1, p(x_i) / q(x_i)) for every drafted token
+    uniforms: torch.Tensor  # [k] the uniform draws compared against accept_probs
+    rejected: torch.Tensor  # () bool: a drafted token was rejected (`dist` is then the residual)
+    dist: torch.Tensor  # [V] the distribution `token` was sampled from
 
 
 @dataclass
@@ -41,13 +55,15 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     function is total (and fuzzing can call it on anything).
     """
     r = (p - q).clamp(min=0.0)
-    total = r.sum()
-    return r / total if total > 0 else p
+    total = r.sum(-1, keepdim=True)
+    return torch.where(total > 0, r / torch.where(total > 0, total, 1.0), p)
 
 
-def verify(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
-           generator: torch.Generator | None = None) -> Verdict:
-    """draft_tokens [k]; q [k, V] (None for a deterministic drafter); p [k+1, V] target probs."""
+def decide(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
+           generator: torch.Generator | None = None, size: torch.Tensor | None = None) -> Decision:
+    """draft_tokens [k]; q [k, V] (None for a deterministic drafter); p [k+1, V] target probs.
+    size: how many of the k tokens are the draft (a device scalar, for a draft cut on the device);
+    the rows after it are ignored. All k by default."""
     k = draft_tokens.numel()
     assert p.shape[0] == k + 1, f"p must have k+1={k + 1} rows, got {p.shape[0]}"
     if q is None:
@@ -55,11 +71,21 @@ def verify(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
     rows = torch.arange(k, device=p.device)
     accept = accept_probabilities(p[rows, draft_tokens], q[rows, draft_tokens])
     uniforms = torch.rand(k, generator=generator, device=p.device)
-    n = int((uniforms < accept).int().cumprod(0).sum()) if k else 0
-    if n < k:  # rejected at position n: the target's token comes from the residual there
-        residual = residual_distribution(p[n], q[n])
-        dist = residual
-    else:  # everything accepted: one bonus token from the target, for free
-        residual, dist = None, p[k]
-    token = int(torch.multinomial(dist, 1, generator=generator))
-    return Verdict(n, token, accept, uniforms, residual)
+    kept = uniforms < accept
+    if size is not None:
+        kept &= rows < size
+    n = kept.int().cumprod(0).sum() if k else torch.zeros((), dtype=torch.long, device=p.device)
+    rejected = n < (k if size is None else size)
+    # at a rejection the token comes from the residual at row n; after a full acceptance, from p there
+    at = n.view(1).long()  # a row picked by a device index: no read back to the host
+    p_n, q_n = p.index_select(0, at)[0], torch.cat([q, q.new_zeros(1, q.shape[-1])]).index_select(0, at)[0]
+    dist = torch.where(rejected, residual_distribution(p_n, q_n), p_n)
+    token = torch.multinomial(dist, 1, generator=generator)[0]
+    return Decision(n.long(), token, accept, uniforms, rejected, dist)
+
+
+def verify(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
+           generator: torch.Generator | None = None) -> Verdict:
+    """`decide`, read back: the accepted length and the token as ints, the residual when there was one."""
+    d = decide(draft_tokens, q, p, generator)
+    return Verdict(int(d.n_accepted), int(d.token), d.accept_probs, d.uniforms, d.dist if bool(d.rejected) else None)

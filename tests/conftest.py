@@ -1,12 +1,14 @@
 import dataclasses
+import os
 
 import pytest
 import torch
 
 from specdec_core.models import make_pair
-from specdec_core.tiny import tiny_models
+from specdec_core.models.tiny import tiny_models
 
 CPU = torch.device("cpu")
+os.environ["SPECDEC_CHECK_CACHE"] = "1"  # static caches check their device-side length every round too
 
 
 @pytest.fixture(scope="session")

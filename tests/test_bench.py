@@ -1,7 +1,8 @@
 """The benchmark CLIs run end to end on the tiny pair (their numbers are checked only for shape and sense)."""
 import json
 
-from specdec_core import SpecConfig, bench, gpu_bench
+from specdec_core import SpecConfig
+from specdec_core.bench import cpu as bench, gpu as gpu_bench
 from specdec_core.engine import prepare
 
 from .conftest import with_eos
@@ -22,15 +23,25 @@ def test_bench_writes_json_and_table(tmp_path, capsys):
     assert "median speedup" in capsys.readouterr().out
 
 
-def test_gpu_bench_runs_on_a_small_shape():
+def test_gpu_bench_runs_on_a_small_shape(tmp_path):
+    cpu_run = tmp_path / "cpu.json"  # per-prompt acceptance as the CPU bench writes it
+    cpu_run.write_text(json.dumps({"prompts": [{"id": "code", "spec": {"acceptance_rate": 0.7}}]}))
     # "eager": the compiled-step path (static caches, padded sizes, dynamo) without a compiler backend
-    report = gpu_bench.main(["--shape", "tiny", "--device", "cpu", "--dtype", "float32", "--context", "32",
-                             "--max-new-tokens", "16", "--graphs", "off,eager"])
+    report = gpu_bench.main(["--shapes", "tiny", "--device", "cpu", "--dtype", "float32", "--context", "32",
+                             "--max-new-tokens", "24", "--graphs", "off,eager", "--accept", "0.5,0.9",
+                             "--acceptance-from", str(cpu_run), "--json", str(tmp_path / "gpu.json")])
     assert [v["graphs"] for v in report["variants"]] == ["off", "eager"]
     for v in report["variants"]:
-        assert v["target_step_ms"] > 0 and set(v["verify_cost_vs_step"]) == set(gpu_bench.VERIFY_K)
-        assert v["plain_tokens_per_s"] > 0 and v["spec_tokens_per_s"] > 0 and v["greedy_identical"]
+        assert v["target_step_ms"] > 0 and set(v["pass_cost_vs_step"]) == set(gpu_bench.PASS_SIZES)
+        assert v["plain_tokens_per_s"] > 0 and v["greedy_identical"]
+        runs = v["simulated"]
+        assert list(runs) == ["a=0.5", "a=0.9", "code"] and runs["code"]["a"] == 0.7
+        # the drawn verdicts really steer the rounds: more accepted per round at a higher a
+        assert runs["a=0.5"]["accepted_per_round"] < runs["a=0.9"]["accepted_per_round"] <= 4
+        assert all(r["tokens_per_s"] > 0 and r["predicted_tokens_per_s"] > 0 for r in runs.values())
+        assert v["race"]["a"] == 0.9 and v["race"]["speedup"] > 0
     assert report["local_dir_check"]["greedy_identical"] and report["local_dir_check"]["sampled_tokens"] == 40
+    assert json.loads((tmp_path / "gpu.json").read_text())["variants"][1]["graphs"] == "eager"
 
 
 def test_transformers_constant_k_really_drafts_k_tokens(tiny):

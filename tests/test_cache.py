@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from specdec_core import SpecConfig, autoregressive_generate, generate, speculative_generate
-from specdec_core.cache import _HEADS, _STATIC, CachedModel
+from specdec_core.cache import CachedModel
 from specdec_core.models import enable_graphs, make_pair
-from specdec_core.tiny import tiny_models
+from specdec_core.models.tiny import tiny_models
 
 CONFIGS = [SpecConfig(k=4, max_new_tokens=40), SpecConfig(k=16, max_new_tokens=50),
            SpecConfig(k=3, max_new_tokens=30, temperature=1.0, seed=3), SpecConfig(k=2, max_new_tokens=30, adaptive=True)]
@@ -17,9 +17,7 @@ CONFIGS = [SpecConfig(k=4, max_new_tokens=40), SpecConfig(k=16, max_new_tokens=5
 def fresh_pair():
     target, draft, tok = tiny_models(seed=7)
     pair = make_pair("tiny", target, draft, tok, torch.device("cpu"), torch.float32)
-    yield dataclasses.replace(pair, eos_ids=frozenset())
-    for model in (target, draft):
-        _STATIC.pop(model, None)
+    return dataclasses.replace(pair, eos_ids=frozenset())
 
 
 def runs(pair):
@@ -32,7 +30,7 @@ def test_static_caches_decode_the_same_tokens(fresh_pair, backend):
     before = runs(fresh_pair)
     enable_graphs(fresh_pair, backend or "eager", max_len=256)
     if backend is None:
-        _STATIC[fresh_pair.target].step = _STATIC[fresh_pair.draft].step = None
+        fresh_pair.steps["target"].step = fresh_pair.steps["draft"].step = None
     assert runs(fresh_pair) == before
     assert fresh_pair.context_length == 256 - 32
 
@@ -51,7 +49,7 @@ def test_interleaved_decoders_get_their_own_cache(fresh_pair):
             else:
                 ids[i].extend(event.committed)
     assert ids == alone
-    assert len(_STATIC[fresh_pair.target].free) == 2  # both caches back in the pool, none leaked
+    assert len(fresh_pair.steps["target"].free) == 2  # both caches back in the pool, none leaked
 
 
 def test_a_failing_compiled_step_falls_back_without_changing_output(fresh_pair):
@@ -62,15 +60,15 @@ def test_a_failing_compiled_step_falls_back_without_changing_output(fresh_pair):
     def broken(**kwargs):
         raise RuntimeError("no compiler here")
 
-    for model in (fresh_pair.target, fresh_pair.draft):
-        _STATIC[model].step = broken
+    for role in ("target", "draft"):
+        fresh_pair.steps[role].step = broken
     with pytest.warns(UserWarning, match="uncompiled"):
         assert generate(fresh_pair, "fallback", cfg).token_ids == before
 
 
 def test_static_cache_refuses_to_overflow(fresh_pair):
     enable_graphs(fresh_pair, "eager", max_len=96)
-    lm = CachedModel(fresh_pair.target, fresh_pair.vocab)
+    lm = fresh_pair.cached("target")
     lm.prefill(list(range(1, 60)))
     with pytest.raises(ValueError, match="static cache of 96"):
         lm.forward(torch.ones(8, dtype=torch.long), keep=1)
@@ -79,14 +77,14 @@ def test_static_cache_refuses_to_overflow(fresh_pair):
 def test_the_chat_template_head_is_computed_once_and_copied(fresh_pair):
     from specdec_core.text import encode_prompt
 
-    head = _HEADS[fresh_pair.target].ids
+    head = fresh_pair.heads["target"].ids
     ids = encode_prompt(fresh_pair.tokenizer, "shared heads")
     assert len(head) > 1 and ids[: len(head)] == head
     fed = []
     hook = fresh_pair.target.register_forward_pre_hook(lambda m, a, kw: fed.append(kw["input_ids"].shape[1]),
                                                        with_kwargs=True)
     try:
-        first, second = CachedModel(fresh_pair.target, fresh_pair.vocab), CachedModel(fresh_pair.target, fresh_pair.vocab)
+        first, second = fresh_pair.cached("target"), fresh_pair.cached("target")
         first.prefill(ids[:-1])
         second.prefill(ids[:-1])
     finally:
@@ -100,6 +98,6 @@ def test_the_chat_template_head_is_computed_once_and_copied(fresh_pair):
         torch.testing.assert_close(cached.forward(last, keep=1), whole.forward(last, keep=1))
         whole.crop(len(ids) - 1)
     # a prompt without the head (no chat template) is prefilled as it is
-    plain = CachedModel(fresh_pair.target, fresh_pair.vocab)
+    plain = fresh_pair.cached("target")
     plain.prefill([5, 6, 7])
     assert plain.length == 3

@@ -18,6 +18,8 @@ from specdec_core.drafters import HybridDrafter, ModelDrafter
 from specdec_core.models import Pair
 from specdec_core.sampling import logits_to_probs
 
+pytestmark = pytest.mark.slow  # 2,000 generations a test; the exact one-token check in test_verify.py is fast
+
 VOCAB, LENGTH, SAMPLES = 4, 3, 2000
 PROMPT = [0, 2, 1]
 CFG = dict(k=2, temperature=1.0, max_new_tokens=LENGTH)
@@ -74,7 +76,7 @@ def p_value(pair, cfg, drafter="model"):
 
 
 def hybrid(pair):  # copying from a single earlier token, so that copied and drafted rounds both happen
-    return HybridDrafter(ModelDrafter(pair.draft, pair.vocab), min_ngram=1)
+    return HybridDrafter(ModelDrafter(pair.cached("draft")), min_ngram=1)
 
 
 @pytest.mark.parametrize("cfg, drafter", [(CFG, "model"), (dict(CFG, temperature=0.7, top_p=0.9), "model"),

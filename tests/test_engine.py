@@ -1,4 +1,5 @@
 """The engine on the tiny pair: greedy equality, EOS, length caps, seeds and cache invariants."""
+import dataclasses
 import math
 
 import pytest
@@ -68,7 +69,7 @@ def test_same_seed_same_output_and_seeds_matter(tiny):
 
 
 def test_cache_lengths_after_every_round(tiny):
-    drafter = ModelDrafter(tiny.draft, tiny.vocab)
+    drafter = ModelDrafter(tiny.cached("draft"))
     cfg = SpecConfig(k=4, max_new_tokens=48)
     n_prompt = None
     for e in speculative_generate(with_eos(tiny, []), PROMPT, cfg, drafter):
@@ -81,7 +82,8 @@ def test_cache_lengths_after_every_round(tiny):
 
 
 def test_events_carry_what_the_ui_needs(tiny):
-    events = list(speculative_generate(tiny, PROMPT, SpecConfig(k=4, max_new_tokens=30, temperature=1.0)))
+    cfg = SpecConfig(k=4, max_new_tokens=30, temperature=1.0, record_top=5)  # the inspector's top-5 lists
+    events = list(speculative_generate(tiny, PROMPT, cfg))
     first = events[0]
     assert first.prefill_s > 0 and all(e.prefill_s == 0 for e in events[1:])
     assert all(e.elapsed_s > 0 for e in events) and events == sorted(events, key=lambda e: e.elapsed_s)
@@ -89,10 +91,20 @@ def test_events_carry_what_the_ui_needs(tiny):
         assert len(e.p_drafted) == len(e.q_drafted) == len(e.accept_probs) == len(e.uniforms) == len(e.drafted)
         assert len(e.target_top) == len(e.drafted) + 1 and len(e.draft_top) == len(e.drafted)
         assert (e.residual_top is None) == (e.token_kind == "bonus")
+        for row in e.target_top + e.draft_top + ([e.residual_top] if e.residual_top else []):
+            values = [v for _, v in row]
+            assert len(row) == 5 and values == sorted(values, reverse=True)
         assert e.committed == (e.drafted[: e.accepted] + [e.token])[: len(e.committed)]  # cut only at EOS
         for a, p, q in zip(e.accept_probs, e.p_drafted, e.q_drafted):
             assert a == pytest.approx(min(1.0, p / q), rel=1e-5)
     assert events[-1].finished and not any(e.finished for e in events[:-1])
+
+
+def test_events_carry_no_top_lists_unless_asked(tiny):
+    cfg = SpecConfig(k=4, max_new_tokens=30, temperature=1.0)
+    bare, full = (list(speculative_generate(tiny, PROMPT, c)) for c in (cfg, dataclasses.replace(cfg, record_top=5)))
+    assert [e.committed for e in bare] == [e.committed for e in full]
+    assert all(e.residual_top is None and not any(e.target_top) and not any(e.draft_top) for e in bare)
 
 
 def test_autoregressive_is_one_event_per_token(tiny):
@@ -157,10 +169,11 @@ def test_bad_prompts_raise_clear_errors(tiny):
         generate(tiny, "x" * 5000, SpecConfig(max_new_tokens=10))
 
 
-def test_low_draft_confidence_stops_the_draft_early_and_stays_lossless(tiny):
+@pytest.mark.parametrize("on_device", [False, True])  # a CPU stops drafting there; a GPU drafts k and cuts after
+def test_low_draft_confidence_stops_the_draft_early_and_stays_lossless(tiny, on_device):
     pair = with_eos(tiny, [])
-    cfg = SpecConfig(k=8, max_new_tokens=48, min_confidence=0.5)
-    out = generate(pair, PROMPT, cfg)
+    cfg = SpecConfig(k=8, max_new_tokens=48, min_confidence=0.5, record_top=1)
+    out = generate(pair, PROMPT, cfg, drafter=ModelDrafter(pair.cached("draft"), cut_on_device=on_device))
     assert out.token_ids == generate(pair, PROMPT, cfg, "autoregressive").token_ids
     assert any(len(e.drafted) < e.k for e in out.events)
     for e in out.events:  # cut exactly where the product of the draft's top probabilities falls below 0.5

@@ -5,7 +5,7 @@ from transformers import Qwen2ForCausalLM
 
 from specdec_core import SpecConfig, generate, load_pair
 from specdec_core.models import pick_device, pick_dtype
-from specdec_core.tiny import tiny_config, tiny_models, tiny_tokenizer
+from specdec_core.models.tiny import tiny_config, tiny_models, tiny_tokenizer
 
 from .conftest import with_eos
 
@@ -85,7 +85,7 @@ def test_the_same_model_as_draft_and_target(model_dirs):
 def test_bundled_parts_are_checked_against_the_pinned_sha256(tmp_path, monkeypatch):
     import hashlib
 
-    from specdec_core import bundled
+    from specdec_core.models import bundled
 
     parts = [tmp_path / "p1", tmp_path / "p2"]
     parts[0].write_bytes(b"GGUF" + b"x" * 100)

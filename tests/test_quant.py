@@ -7,7 +7,7 @@ import torch
 from safetensors import safe_open
 
 from specdec_core import SpecConfig, generate
-from specdec_core.quant import (DynamicInt8Linear, Int4Linear, Int8Linear, PackedLinear, PrunedHead, can_pack,
+from specdec_core.models.quant import (DynamicInt8Linear, Int4Linear, Int8Linear, PackedLinear, PrunedHead, can_pack,
                                 cheapen_draft, load_saved, pack_linears)
 
 from .conftest import with_eos

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from . import SpecConfig, generate, load_pair, make_drafter
-from .config import DEFAULT_K, DEFAULT_MIN_CONFIDENCE
-from .engine import prepare
-from .quant import QUANT_MODES
-from .theory import measured_costs, predicted_speedup as predict
+from .. import SpecConfig, generate, load_pair, make_drafter
+from ..config import DEFAULT_K, DEFAULT_MIN_CONFIDENCE
+from ..engine import prepare
+from ..models.quant import QUANT_MODES
+from ..theory import measured_costs, predicted_speedup as predict
 
 STAT_KEYS = ("tokens", "seconds", "tokens_per_s")
 OWN_KEYS = STAT_KEYS + ("prefill_s", "decode_tokens_per_s")
@@ -191,7 +191,7 @@ def chart(report: dict, path: Path) -> None:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m specdec_core.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--pair", default="bundled", help="bundled | tiny | TARGET_ID,DRAFT_ID")
-    ap.add_argument("--prompts", default=str(Path(__file__).resolve().parent.parent / "assets" / "prompts.jsonl"))
+    ap.add_argument("--prompts", default=str(Path(__file__).resolve().parents[2] / "assets" / "prompts.jsonl"))
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=DEFAULT_K, help="the longest draft")
     ap.add_argument("--temperature", type=float, default=0.0)

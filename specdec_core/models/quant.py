@@ -1,8 +1,7 @@
 """Faster Linear layers for CPUs, all from PyTorch's own kernels (no extra dependency).
 
 - PackedLinear (both models, bfloat16 on CPUs): the weight is reordered once into oneDNN's blocked
-  layout. Same numbers as F.linear, but a one-token step of the 1.5B target fell from 222 to 156 ms
-  here and a 5-token verification pass from 304 to 192 ms.
+  layout. Same numbers as F.linear, and faster, most of all for the few-token passes of decoding.
 The draft's precision and vocabulary change only how many drafts are accepted, never the output
 (the target verifies every token), so the draft may also use:
 - Int4Linear (the default in bfloat16): int4 weights, a scale and an offset per group of 32
@@ -12,8 +11,8 @@ The draft's precision and vocabulary change only how many drafts are accepted, n
 - DynamicInt8Linear: int8 weights (one scale per output channel) times int8 activations quantised
   on the fly (fbgemm's dynamic linear). Used for every layer except down_proj in mode "mixed".
 - Int8Linear: int8 weights, activations left in bfloat16 (`_weight_int8pack_mm`). Slower, but the
-  down_proj input carries the activation outliers that per-row int8 crushes (without it, the
-  Portuguese prompt's accepted drafts per round fell from 3.2 to 1.8).
+  down_proj input carries the activation outliers that int8 activations crush, and acceptance
+  with them.
 - PrunedHead: a head over the first `keep` token ids, q renormalised over them (off by default).
 """
 from __future__ import annotations
@@ -108,7 +107,7 @@ class Int4Linear(WeightOnlyLinear):
 
     @classmethod
     def fits(cls, linear: nn.Linear) -> bool:
-        """The kernel's shape rules, and bfloat16: with float32 activations a draft step took 0.6 s here."""
+        """The kernel's shape rules, and bfloat16: with float32 activations the kernel is many times slower."""
         w = linear.weight
         return (w.device.type == "cpu" and w.dtype == torch.bfloat16 and linear.in_features % cls.GROUP == 0
                 and linear.out_features % 16 == 0)

@@ -1,88 +1,15 @@
-"""Model pairs: the bundled offline pair, a tiny random pair, or hub ids / local directories."""
+"""load_pair: the bundled offline pair, a tiny random pair, or hub ids / local directories."""
 from __future__ import annotations
 
+import ctypes
 import os
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable
+import statistics
 
 import torch
 
-Progress = Callable[[float, str], None]  # (fraction done, message)
-
-
-@dataclass
-class Pair:
-    name: str
-    target: torch.nn.Module
-    draft: torch.nn.Module | None  # None: only model-free drafters (prompt lookup, early exit)
-    tokenizer: object
-    vocab: int  # the shared tokenizer range; logits rows past it (vocab padding) are ignored
-    eos_ids: frozenset[int]
-    context_length: int
-    device: torch.device
-    dtype: torch.dtype
-    info: dict = field(default_factory=dict)  # target / draft names, parameter counts, load time
-
-
-def pick_device(device: str = "auto") -> torch.device:
-    if device != "auto":
-        return torch.device(device)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
-
-
-def pick_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """'auto': bfloat16 where the hardware runs it natively (CUDA, CPUs with AVX512-BF16/AMX), else
-    float16 on MPS, else float32."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype != "auto":
-        try:
-            return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-        except KeyError:
-            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}") from None
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if device.type == "mps":
-        return torch.float16
-    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
-
-
-def eos_ids_of(model, tokenizer) -> frozenset[int]:
-    ids = model.generation_config.eos_token_id if model.generation_config is not None else None
-    ids = list(ids) if isinstance(ids, (list, tuple)) else [ids]
-    ids.append(tokenizer.eos_token_id)
-    return frozenset(int(i) for i in ids if i is not None)
-
-
-def check_tokenizers(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
-    if target_tok.get_vocab() != draft_tok.get_vocab() or target_tok.all_special_tokens != draft_tok.all_special_tokens:
-        raise ValueError(f"The draft {draft_name!r} and the target {target_name!r} use different tokenizers; "
-                         "speculative decoding needs both to share one vocabulary.")
-
-
-def make_pair(name, target, draft, tokenizer, device, dtype, info=None) -> Pair:
-    rows = [target.get_output_embeddings().weight.shape[0]]
-    if draft is not None:
-        rows.append(draft.get_output_embeddings().weight.shape[0])
-    vocab = min(len(tokenizer), *rows)
-    ctx = getattr(target.config, "max_position_embeddings", None) or 4096
-    info = dict(info or {})
-    info["target_params"] = sum(p.numel() for p in target.parameters())
-    info["draft_params"] = sum(p.numel() for p in draft.parameters()) if draft is not None else 0
-    from .cache import share_head
-    from .text import template_head
-
-    head = template_head(tokenizer)  # every prompt's chat-template head is computed once per model
-    for model in (target, draft):
-        if model is not None:
-            share_head(model, head)
-    return Pair(name, target.eval(), draft.eval() if draft is not None else None, tokenizer, vocab,
-                eos_ids_of(target, tokenizer), int(ctx), device, dtype, info)
+from ..cache import STEP_SIZES, StaticSteps
+from ..engine import Clock
+from .pair import Pair, Progress, check_tokenizers, make_pair, pick_device, pick_dtype
 
 
 def load_pair(target: str = "bundled", draft: str | None = None, device: str = "auto", dtype: str = "auto",
@@ -91,7 +18,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
               graphs: str = "auto", max_len: int = 4096) -> Pair:
     """"bundled" (offline default), "tiny" (random, for tests), or a target and draft hub id / local dir.
 
-    "auto" (see quant.py for the measurements):
+    "auto" (docs/benchmarks.md has the measurements):
     draft_quant: a quantised draft on CPUs (quant_mode: see quant.cheapen_draft). It changes the
     draft's speed and guesses, never the output.
     pack: on CPUs in bfloat16, every remaining Linear weight prepacked for oneDNN (same numbers, faster).
@@ -110,9 +37,10 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
         progress(1.0, "tiny pair ready")
         return make_pair("tiny", t.to(dev, dt), d.to(dev, dt), tok, dev, dt,
                          {"target": "tiny-target", "draft": "tiny-draft (perturbed copy)"})
+    draft_folder = None  # the bundled draft keeps its quantised weights beside its own
     if target == "bundled":
-        from .bundled import load_bundled
-        pair = load_bundled(dev, dt, progress, cache_dir)
+        from .bundled import MANIFEST, load_bundled
+        pair, draft_folder = load_bundled(dev, dt, progress, cache_dir)
     elif draft is None:
         raise ValueError("A custom pair needs both a target and a draft model id (or directory).")
     else:
@@ -120,35 +48,59 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     from .quant import can_pack, cheapen_draft, pack_linears, quant_label
 
     cpu_bf16 = dev.type == "cpu" and dt == torch.bfloat16
-    # the bundled draft keeps its quantised weights beside its own, with the manifest of the weights they came from
-    quant_dir, source = pair.info.pop("quant_dir", None), pair.info.pop("quant_source", "")
     if pair.draft is not None and (draft_quant is True or (draft_quant == "auto" and dev.type == "cpu")):
-        saved = Path(quant_dir) / f"draft-{quant_mode}.safetensors" if quant_dir else None
+        saved = draft_folder / f"draft-{quant_mode}.safetensors" if draft_folder else None
+        source = (draft_folder / MANIFEST).read_text() if draft_folder else ""  # the weights they came from
         cheapen_draft(pair.draft, quant=True, mode=quant_mode, saved=saved, source=source)
         pair.info["draft_quant"] = quant_label(pair.draft, quant_mode)
+    pair.info["target_weights"] = str(dt).replace("torch.", "")
     if pack is True or (pack == "auto" and cpu_bf16):
         for model in (pair.target, pair.draft):
             if model is not None and can_pack(model):
                 pack_linears(model)
                 pair.info["packed"] = "oneDNN prepacked weights"
+        pair.info["target_weights"] += ", prepacked" if "packed" in pair.info else ""
+    if dev.type == "cpu":
+        for model in (pair.target, pair.draft):
+            if model is not None:
+                own_memory(model)
+        release_freed_memory()
     if backend != "off":
         enable_graphs(pair, backend, max_len, progress)
     return pair
 
 
+def own_memory(model: torch.nn.Module) -> None:
+    """Copy the parameters still read from their file into memory of the model's own. A tensor loaded
+    from safetensors maps the whole file, and every page of it that was read stays resident while any
+    tensor of the file is alive: after packing and quantising, the few left (embeddings, norms, biases)
+    would keep the whole file's pages (GBs) counted against the process. (Buffers are computed or made
+    by the quantised layers, never mapped.)"""
+    with torch.no_grad():
+        for param in {id(p): p for p in model.parameters()}.values():
+            param.data = param.data.clone()
+
+
+def release_freed_memory() -> None:
+    """Give the heap that loading freed (quantising passes through float32 copies) back to the system;
+    glibc keeps it otherwise, and it would count as the app's memory for as long as it runs."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | None = None) -> None:
     """Compile both models' decoding steps now, for the sizes a default round uses, so that the
     first run does not stop to compile (on a 7B-shaped target on an H200: minutes)."""
-    from .cache import STEP_SIZES, CachedModel, compile_steps
-
     progress = progress or (lambda f, m: None)
 
     # a default round scores up to DEFAULT_K + 1 tokens (padded to 32); a draft step feeds one or two
-    for model, sizes in ((pair.target, STEP_SIZES), (pair.draft, STEP_SIZES[:2])):
+    for role, model, sizes in (("target", pair.target, STEP_SIZES), ("draft", pair.draft, STEP_SIZES[:2])):
         if model is None:
             continue
-        compile_steps(model, max_len, backend)
-        lm = CachedModel(model, pair.vocab)
+        pair.steps[role] = StaticSteps(model, max_len, backend)
+        lm = pair.cached(role)
         lm.prefill([0] * 8)
         for n in sizes:
             progress(0.95, f"compiling decoding steps ({backend}): {n} token(s)")
@@ -181,5 +133,25 @@ def load_hub_pair(target_id: str, draft_id: str, device: torch.device, dtype: to
                      {"target": target_id, "draft": draft_id})
 
 
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec"))
+
+
+def pass_ms(pair: Pair, role: str, context: int, n: int, reps: int = 10) -> float:
+    """Median milliseconds of an n-token pass of the target or the draft after `context` tokens."""
+    lm = pair.cached(role)
+    lm.prefill(list(range(1, context)))
+    x = torch.ones(n, dtype=torch.long, device=lm.device)
+    clock, times = Clock(lm.device), []
+    for _ in range(reps + 3):  # the first calls warm up (and compile, when compiled)
+        clock.lap(sync=True)
+        lm.forward(x, keep=n)
+        times.append(clock.lap(sync=True))
+        lm.crop(context - 1)
+    return statistics.median(times[3:]) * 1000
+
+
+def probe_costs(pair: Pair, k: int = 4, context: int = 128) -> dict:
+    """The draft's step (c) and a (k+1)-token verification pass (v), each relative to the target's
+    one-token step, timed on this device: what the cost model needs to say whether drafting pays."""
+    step = pass_ms(pair, "target", context, 1)
+    return {"c": pass_ms(pair, "draft", context, 1) / step, "v": pass_ms(pair, "target", context, k + 1) / step,
+            "k": k, "target_step_ms": step}

@@ -1,0 +1,3 @@
+from .cpu import main
+
+main()

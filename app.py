@@ -9,7 +9,7 @@ from app.pairs import PairManager
 from app.ui import CLICK_JS, CSS, build_app
 
 
-def main(argv=None):
+def options(argv=None) -> argparse.Namespace:
     env = os.environ.get
     ap = argparse.ArgumentParser(description="Speculative decoding, live: a race against plain decoding.")
     ap.add_argument("--pair", default=env("SPECDEC_PAIR", "bundled"), help="bundled | tiny | TARGET_ID,DRAFT_ID | none")
@@ -18,18 +18,27 @@ def main(argv=None):
     ap.add_argument("--share", action="store_true", default=env("SPECDEC_SHARE") == "1")
     ap.add_argument("--device", default=env("SPECDEC_DEVICE", "auto"))
     ap.add_argument("--dtype", default=env("SPECDEC_DTYPE", "auto"))
-    ap.add_argument("--graphs", default=env("SPECDEC_GRAPHS", "auto"),
+    # ZeroGPU lends a GPU only inside spaces.GPU calls, so nothing can be compiled for it at start-up
+    zero_gpu = env("SPACES_ZERO_GPU", "").lower() in ("1", "true")
+    ap.add_argument("--graphs", default=env("SPECDEC_GRAPHS", "off" if zero_gpu else "auto"),
                     help="CUDA: compile decoding steps with CUDA graphs (auto = inductor on CUDA; off starts faster)")
     ap.add_argument("--concurrency", type=int, default=int(env("SPECDEC_CONCURRENCY", "1")),
                     help="generations run at once (1 keeps timings fair on a CPU)")
     ap.add_argument("--queue-size", type=int, default=int(env("SPECDEC_QUEUE_SIZE", "32")))
     args = ap.parse_args(argv)
+    args.zero_gpu = zero_gpu
+    args.hosted = env("SPECDEC_HOSTED") == "1" or bool(env("SPACE_ID"))
+    allowed = env("SPECDEC_ALLOWED_MODELS", "").split(",") + args.pair.split(",")  # the pair it starts with, too
+    args.allowlist = frozenset(x.strip() for x in allowed if x.strip())
+    args.visitor_tokens = int(env("SPECDEC_VISITOR_TOKENS", "20000"))
+    return args
 
-    hosted = env("SPECDEC_HOSTED") == "1" or bool(env("SPACE_ID"))
-    allowlist = frozenset(x.strip() for x in env("SPECDEC_ALLOWED_MODELS", "").split(",") if x.strip())
-    manager = PairManager(args.device, args.dtype, allow_custom=not hosted, allowlist=allowlist,
-                          graphs=args.graphs)
-    limits = VisitorLimits(int(env("SPECDEC_VISITOR_TOKENS", "20000"))) if hosted else None
+
+def main(argv=None):
+    args = options(argv)
+    manager = PairManager(args.device, args.dtype, allow_custom=not args.hosted, allowlist=args.allowlist,
+                          graphs=args.graphs, probe=not args.zero_gpu)  # ZeroGPU: no GPU to time at start-up
+    limits = VisitorLimits(args.visitor_tokens) if args.hosted else None
     if args.pair == "none":  # e.g. a lecture laptop that only replays recorded traces
         manager.status = "No model loaded: replay a trace, or pick a pair and press Load."
     else:

@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 
 from specdec_core import load_pair
+from specdec_core.models.load import probe_costs
+from specdec_core.theory import expected_speedup
 
 PRESETS = {
     "Bundled: Qwen2.5-Coder 1.5B ← 0.5B (offline, CPU)": "bundled",
@@ -77,8 +79,8 @@ class PairManager:
     keep the pair object they started with, so a switch never corrupts them."""
 
     def __init__(self, device: str = "auto", dtype: str = "auto", allow_custom: bool = True,
-                 allowlist: frozenset[str] = frozenset(), graphs: str = "auto"):
-        self.device, self.dtype, self.graphs = device, dtype, graphs
+                 allowlist: frozenset[str] = frozenset(), graphs: str = "auto", probe: bool = True):
+        self.device, self.dtype, self.graphs, self.probe = device, dtype, graphs, probe
         self.allow_custom, self.allowlist = allow_custom, allowlist
         self.pair = None
         self.spec = None
@@ -112,9 +114,13 @@ class PairManager:
             t0 = time.perf_counter()
             pair = load_pair(target, draft, device=self.device, dtype=self.dtype, progress=self._progress,
                              graphs=self.graphs)
+            seconds = time.perf_counter() - t0
+            verdict = self.gpu_verdict(pair) if self.probe and pair.device.type == "cuda" else ""
             self.pair, self.spec = pair, spec
+            dtype = str(pair.dtype).replace("torch.", "")
             self.status = (f"Ready: {pair.info.get('target')} ← {pair.info.get('draft')} on {pair.device} "
-                           f"({str(pair.dtype).replace('torch.', '')}), loaded in {time.perf_counter() - t0:.1f} s.")
+                           f"(target {pair.info.get('target_weights', dtype)}; draft {pair.info.get('draft_quant', dtype)}), "
+                           f"loaded in {seconds:.1f} s.{verdict}")
         except Exception as err:  # a failed load must leave the app serving the previous pair
             reason = str(err) if isinstance(err, (ValueError, RuntimeError, OSError)) else repr(err)
             self.status = f"Could not load {spec}: {reason}" + (f" Still serving the previous pair. {previous}"
@@ -124,6 +130,19 @@ class PairManager:
             self._lock.release()
         print(self.status, flush=True)  # the terminal that started the app sees it too
         return self.status
+
+    @staticmethod
+    def gpu_verdict(pair, a: float = 0.8) -> str:
+        """Whether drafting pays on this GPU, from the draft's and the verify pass's costs timed here."""
+        costs = probe_costs(pair)
+        gain = expected_speedup(a, costs["k"], costs["c"], costs["v"])
+        pair.info["costs"] = {**costs, "expected_speedup_at_0.8": gain}
+        words = (f" Timed here: a draft step costs {costs['c']:.2f} of a target step, so at acceptance {a} the "
+                 f"cost model expects {gain:.2f}× (K={costs['k']}).")
+        if gain < 1.2:
+            words += (" Speculative decoding gains little with this pair on this GPU: its target is too fast next "
+                      "to the draft. A larger target (the 7B preset) shows the effect.")
+        return words
 
     def load_in_background(self, spec: str) -> threading.Thread:
         self.status, self.spec = f"Loading {spec}…", spec

@@ -15,16 +15,16 @@ from specdec_core.engine import prepare
 from specdec_core.events import RoundEvent, Stats
 from specdec_core.text import Detokenizer, token_text
 
-from .render import Piece, pieces_for
 
 
 @dataclass
 class Lane:
     name: str
     stream: Iterator[RoundEvent]
-    detok: Detokenizer
+    detok: Detokenizer | None  # None for a replayed trace, whose texts came with it
     events: list[RoundEvent] = field(default_factory=list)
-    pieces: list[Piece] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)  # the text each committed token added to the output
+    tail: str = ""  # text held back until the end (a character its last token left incomplete)
     done: bool = False
 
     @property
@@ -47,7 +47,7 @@ class Race:
     cfg: SpecConfig
     tokenizer: object = None  # None for a replayed trace, whose labels came with it
     labels: dict[int, str] = field(default_factory=dict)  # token id -> its text on its own (inspector, traces)
-    meta: dict = field(default_factory=dict)  # pair, device, dtype, prompt
+    meta: dict = field(default_factory=dict)  # pair, device, dtype, drafter, prompt
 
     def label(self, token: int) -> str:
         if token not in self.labels:
@@ -84,7 +84,9 @@ def step(race: Race) -> Lane | None:
     lane = min(lanes, key=lambda candidate: candidate.clock)
     event = next(lane.stream)
     lane.events.append(event)
-    lane.pieces.extend(pieces_for(event, lane.detok, race.tokenizer, race.meta.get("lang", "en")))
+    lane.texts.extend(lane.detok.add(token) for token in event.committed)
+    if event.finished:
+        lane.tail = lane.detok.flush()
     lane.done = event.finished
     return lane
 

@@ -5,7 +5,6 @@ import html
 from dataclasses import dataclass
 
 from specdec_core.events import RoundEvent
-from specdec_core.text import Detokenizer, token_text
 
 from .i18n import t
 
@@ -34,28 +33,36 @@ def visible(text: str) -> str:
     return text.replace("\n", "↵").replace("\t", "⇥").replace(" ", "·") or "∅"
 
 
-def pieces_for(event: RoundEvent, detok: Detokenizer, tokenizer, lang: str = "en") -> list[Piece]:
+def pieces(events: list[RoundEvent], texts: list[str], tail: str, label, lang: str = "en") -> list[Piece]:
+    """A pane's pieces, derived from its events: `texts` is the text each committed token added to the
+    output, `tail` the text held back to the end, `label(token)` a token's text on its own."""
+    out, text = [], iter(texts)
+    for e in events:
+        out.extend(round_pieces(e, text, label, lang, tail if e.finished else ""))
+    return out
+
+
+def round_pieces(e: RoundEvent, text, label, lang: str, tail: str = "") -> list[Piece]:
     """The pieces one round adds to a pane, in the order the audience should read them."""
     out: list[Piece] = []
-    e, n = event, event.accepted
-    for i, tok in enumerate(e.committed[:n]):
+    n = e.accepted
+    for i in range(min(n, len(e.committed))):
         tip = (t("tip_accepted_greedy", lang, r=e.round, i=i + 1) if e.greedy else
                t("tip_accepted", lang, r=e.round, i=i + 1, p=e.p_drafted[i], q=e.q_drafted[i], a=e.accept_probs[i]))
-        out.append(Piece(detok.add(tok), "accepted", tip, e.round, i + 1))
+        out.append(Piece(next(text), "accepted", tip, e.round, i + 1))
     if n < len(e.drafted) and len(e.committed) > n:  # a rejection happened (and was not cut by EOS)
         tip = (t("tip_rejected_greedy", lang) if e.greedy else
                t("tip_rejected", lang, p=e.p_drafted[n], q=e.q_drafted[n], a=e.accept_probs[n], u=e.uniforms[n]))
-        out.append(Piece(visible(token_text(tokenizer, e.drafted[n])), "rejected", tip, e.round, n + 1))
+        out.append(Piece(visible(label(e.drafted[n])), "rejected", tip, e.round, n + 1))
         for j, tok in enumerate(e.drafted[n + 1:], start=n + 2):
-            out.append(Piece(visible(token_text(tokenizer, tok)), "discarded", t("tip_discarded", lang), e.round, j))
+            out.append(Piece(visible(label(tok)), "discarded", t("tip_discarded", lang), e.round, j))
     if len(e.committed) > n:
         kind = e.token_kind if e.method == "speculative" else "target"
         tip = t("tip_" + kind, lang, p=e.p_token)
         # a replacement is explained by the rejection it follows
         pos = {"replacement": n + 1, "bonus": len(e.drafted) + 1}.get(kind, 0)
-        out.append(Piece(detok.add(e.committed[n]), kind, tip, e.round, pos))
+        out.append(Piece(next(text), kind, tip, e.round, pos))
     if e.finished:
-        tail = detok.flush()
         if tail:
             out.append(Piece(tail, out[-1].kind if out else "target", "", e.round))
         if e.finish_reason in ("eos", "length"):

@@ -1,6 +1,7 @@
 """Handlers for the teaching tools: inspector, theory and sweep, step mode, trace export and replay."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 import time
@@ -9,11 +10,12 @@ from pathlib import Path
 import gradio as gr
 
 from . import plots
-from .handlers import empty_view, make_config, view
+from .handlers import empty_view, view
 from .i18n import code, t
 from .inspector import decision_figure, decision_text, sweep_figure, theory_figure
 from .race import run, start_race, step
 from .render import message_html
+from .settings import ask
 from .trace import from_trace, replay_step, to_trace
 
 
@@ -53,48 +55,50 @@ def caption(e, lang="en") -> str:
     return words + t("caption_kept", lang, n=len(e.committed), s="" if len(e.committed) == 1 else "s")
 
 
-def step_round(manager, race, prompt, k, temperature, top_p, top_k, max_new_tokens, seed, drafter, adaptive,
-               min_confidence, lang="en"):
+def step_round(manager, race, prompt, settings: dict):
     """One speculative round per click (plain decoding keeps pace on the shared clock)."""
     pair = manager.pair
     try:
+        wanted = ask(settings)
         if race is None or race.done or race.tokenizer is None or race.meta.get("prompt") != prompt:
             if pair is None:
                 raise ValueError("No model is loaded yet.")
-            cfg = make_config(k, temperature, top_p, top_k, max_new_tokens, seed, adaptive, min_confidence)
-            race = start_race(pair, prompt, cfg, drafter)
-        race.meta["lang"] = lang
+            race = start_race(pair, prompt, wanted.cfg, wanted.drafter)
         before = len(race.spec.events)
         while len(race.spec.events) == before and step(race):
             pass
     except ValueError as err:
         return empty_view(str(err))
-    outputs = view(race, True)
-    note = message_html(caption(race.spec.events[-1], lang), "info") if race.spec.events else ""
-    return (*outputs[:2], outputs[2] + note, *outputs[3:])
+    shown = view(race, wanted.lang)
+    note = message_html(caption(race.spec.events[-1], wanted.lang), "info") if race.spec.events else ""
+    return shown._replace(summary=shown.summary + note)
 
 
 SWEEP_TEMPERATURES = (0.7, 1.0)
 
 
-def sweep(manager, prompt, k, temperature, top_p, top_k, max_new_tokens, seed, drafter, adaptive, min_confidence,
-          temperatures=False, lang="en"):
+def sweep(manager, prompt, settings: dict, temperatures=False):
     """For the chosen temperature (and 0.7 and 1.0 if asked), run plain decoding once and speculative decoding
-    for K = 1..8 (up to 64 tokens each); plot measured against predicted speedup."""
+    for K = 1..8 (up to 64 tokens each, no confidence cut); plot measured against predicted speedup."""
     pair = manager.pair
+    lang = settings.get("lang") or "en"
     if pair is None:
         yield message_html(t("no_model", lang), "error"), gr.skip()
         return
-    temps = list(dict.fromkeys([float(temperature or 0), *(SWEEP_TEMPERATURES if temperatures else ())]))
-    series, total, done = [], 8 * len(temps), 0
+    series, done = [], 0
     try:
+        wanted = ask(settings)
+        base = dataclasses.replace(wanted.cfg, max_new_tokens=min(wanted.cfg.max_new_tokens, 64), adaptive=False,
+                                   min_confidence=0.0, record_top=0)
+        temps = list(dict.fromkeys([base.temperature, *(SWEEP_TEMPERATURES if temperatures else ())]))
         for temp in temps:
-            cfg = lambda kk: make_config(kk, temp, top_p, top_k, min(int(max_new_tokens), 64), seed)
             points, plain, first = [], None, None
             for kk in range(1, 9):
                 done += 1
-                yield message_html(t("sweep_running", lang, temp=temp, k=kk, done=done, total=total), "info"), gr.skip()
-                race = run(start_race(pair, prompt, cfg(kk), drafter, plain=kk == 1))  # plain decoding once
+                yield message_html(t("sweep_running", lang, temp=temp, k=kk, done=done, total=8 * len(temps)),
+                                   "info"), gr.skip()
+                cfg = dataclasses.replace(base, k=kk, temperature=temp)
+                race = run(start_race(pair, prompt, cfg, wanted.drafter, plain=kk == 1))  # plain decoding once
                 plain, first = plain or race.plain.stats, first or race.spec.stats
                 points.append((kk, race.spec.stats.decode_tokens_per_s / plain.decode_tokens_per_s))
             series.append((temp, plain, first, points))
@@ -120,7 +124,6 @@ def replay(file, speed: float = 1.0, lang: str = "en"):
     except (OSError, ValueError, UnicodeDecodeError) as err:
         yield empty_view(f"Cannot replay: {err}")
         return
-    race.meta["lang"] = lang
     start, last_plots = time.monotonic(), 0.0
     for item in timeline:
         wait = item[1].elapsed_s / max(float(speed or 1.0), 0.01) - (time.monotonic() - start)
@@ -130,5 +133,5 @@ def replay(file, speed: float = 1.0, lang: str = "en"):
         now = time.monotonic()
         due = now - last_plots > 0.6
         last_plots = now if due else last_plots
-        yield view(race, due)
-    yield view(race, True)
+        yield view(race, lang, due)
+    yield view(race, lang)

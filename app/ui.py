@@ -101,7 +101,10 @@ def build_controls(tx: Texts):
     with gr.Row():
         go = tx(gr.Button(t("generate"), variant="primary", elem_id="generate"), value="generate")
         stop = tx(gr.Button(t("stop"), variant="stop", elem_id="stop"), value="stop")
-    return prompt, [k, temperature, top_p, top_k, max_new, seed, drafter, adaptive, confidence], go, stop
+    # by the name settings.ask reads: SpecConfig's fields, and the drafter
+    controls = dict(k=k, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new, seed=seed,
+                    drafter=drafter, adaptive=adaptive, min_confidence=confidence)
+    return prompt, controls, go, stop
 
 
 def build_race(tx: Texts):
@@ -165,8 +168,9 @@ def build_teaching(tx: Texts):
                 speed=speed, replay=replay)
 
 
-def wire_teaching(panel, manager, state, lang, prompt, settings, outputs, runs):
+def wire_teaching(panel, manager, state, controls, prompt, outputs, runs):
     private = dict(api_visibility="private")
+    lang = controls.by_name["lang"]
     inspect = dict(fn=teach.inspect, inputs=[state, panel["round_no"], panel["position"], lang],
                    outputs=[panel["decision"], panel["decision_plot"]], **private)
     for control in (panel["round_no"], panel["position"]):
@@ -177,12 +181,32 @@ def wire_teaching(panel, manager, state, lang, prompt, settings, outputs, runs):
     for run in runs:  # refresh the inspector and the theory panel when a run ends
         run.then(**inspect).then(teach.theory, [state, lang], panel["theory_plot"], **private)
     panel["show_theory"].click(teach.theory, [state, lang], panel["theory_plot"], **private)
-    panel["sweep"].click(partial(teach.sweep, manager), [prompt, *settings, panel["temps"], lang],
-                         [panel["sweep_note"], panel["theory_plot"]], concurrency_id="gpu", **private)
-    panel["step"].click(partial(teach.step_round, manager), [state, prompt, *settings, lang], outputs,
-                        concurrency_id="gpu", **private)
+
+    def sweep(data):
+        yield from teach.sweep(manager, data[prompt], controls.read(data), data[panel["temps"]])
+
+    def step(data):
+        return teach.step_round(manager, data[state], data[prompt], controls.read(data))
+
+    panel["sweep"].click(sweep, controls.inputs(prompt, panel["temps"]), [panel["sweep_note"], panel["theory_plot"]],
+                         concurrency_id="gpu", **private)
+    panel["step"].click(step, controls.inputs(state, prompt), outputs, concurrency_id="gpu", **private)
     panel["export"].click(teach.export, state, panel["trace_out"], **private)
     panel["replay"].click(teach.replay, [panel["trace_in"], panel["speed"], lang], outputs, **private)
+
+
+class Controls:
+    """The controls a generation reads, by name; Gradio hands a handler whose inputs are a set one dict
+    {component: value}, and `read` turns it into {name: value} for settings.ask."""
+
+    def __init__(self, by_name: dict):
+        self.by_name = by_name
+
+    def inputs(self, *others) -> set:
+        return {*self.by_name.values(), *others}
+
+    def read(self, data: dict) -> dict:
+        return {name: data[component] for name, component in self.by_name.items()}
 
 
 def build_app(manager, limits=None) -> gr.Blocks:
@@ -193,23 +217,25 @@ def build_app(manager, limits=None) -> gr.Blocks:
             lang = gr.Radio(list(LANGUAGES), value="English", label="Language / Idioma", elem_id="lang", scale=0,
                             min_width=220)
         choice, custom, load, status = build_pair_bar(manager, tx)
-        prompt, settings, go, stop = build_controls(tx)
+        prompt, named, go, stop = build_controls(tx)
+        controls = Controls({**named, "lang": lang})
         plain, spec, summary = build_race(tx)
-        figures = build_plots(tx)
+        race_plot, speed_plot, rounds_plot, positions_plot = build_plots(tx)
         teaching = build_teaching(tx)
         state = gr.State()
         lang.change(tx.updates, lang, tx.components, api_visibility="private", queue=False)
 
-        outputs = [plain, spec, summary, *figures, state]
-        def race(prompt, k, temperature, top_p, top_k, max_new_tokens, seed, drafter, adaptive, min_confidence,
-                 language, request: gr.Request):  # Gradio fills `request` by its annotation (a partial would hide it)
-            yield from handlers.race_stream(manager, limits, prompt, k, temperature, top_p, top_k, max_new_tokens,
-                                            seed, drafter, adaptive, min_confidence, request, language)
+        shown = dict(plain=plain, spec=spec, summary=summary, race_plot=race_plot, speed_plot=speed_plot,
+                     rounds_plot=rounds_plot, positions_plot=positions_plot, state=state)
+        outputs = [shown[name] for name in handlers.View._fields]
 
-        run = go.click(race, [prompt, *settings, lang], outputs, api_visibility="private", concurrency_id="gpu")
-        submit = prompt.submit(race, [prompt, *settings, lang], outputs, api_visibility="private", concurrency_id="gpu")
+        def race(data, request: gr.Request):  # Gradio fills `request` by its annotation
+            yield from handlers.race_stream(manager, limits, data[prompt], controls.read(data), request)
+
+        run = go.click(race, controls.inputs(prompt), outputs, api_visibility="private", concurrency_id="gpu")
+        submit = prompt.submit(race, controls.inputs(prompt), outputs, api_visibility="private", concurrency_id="gpu")
         stop.click(None, cancels=[run, submit])
-        wire_teaching(teaching, manager, state, lang, prompt, settings, outputs, [run, submit])
+        wire_teaching(teaching, manager, state, controls, prompt, outputs, [run, submit])
 
         def switch(preset, custom_spec):
             spec = custom_spec.strip() if custom_spec and custom_spec.strip() else PRESETS.get(preset)
@@ -228,8 +254,9 @@ def build_app(manager, limits=None) -> gr.Blocks:
                 max_new_tokens: int = 128, seed: int = 0, drafter: str = "model",
                 min_confidence: float = DEFAULT_MIN_CONFIDENCE, request: gr.Request = None) -> dict:
             """Generate with plain and speculative decoding; returns the text and the statistics."""
-            return handlers.api_generate(manager, limits, prompt, k, temperature, top_p, top_k, max_new_tokens, seed,
-                                         drafter, min_confidence, request)
+            values = dict(k=k, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
+                          seed=seed, drafter=drafter, min_confidence=min_confidence, record_top=0)
+            return handlers.api_generate(manager, limits, prompt, values, request)
 
         gr.api(api, api_name="generate", concurrency_id="gpu")
     demo.texts = tx  # the language switch's registry, for tests

@@ -6,7 +6,8 @@ import pytest
 
 from app import plots
 from app.race import run, start_race, step
-from app.render import Piece, legend_html, pane_html, pieces_for
+from app.handlers import lane_pieces
+from app.render import Piece, legend_html, pane_html
 from specdec_core import SpecConfig, generate
 from specdec_core.text import Detokenizer, encode_prompt
 
@@ -46,9 +47,9 @@ def test_special_looking_prompt_text_is_literal(tiny):
 
 def test_pieces_follow_the_round(tiny):
     pair = with_eos(tiny, [])
-    out = generate(pair, "abc", SpecConfig(k=4, max_new_tokens=40))
-    detok = Detokenizer(pair.tokenizer, skip_special_tokens=True)
-    pieces = [p for e in out.events for p in pieces_for(e, detok, pair.tokenizer)]
+    cfg = SpecConfig(k=4, max_new_tokens=40)
+    out, race = generate(pair, "abc", cfg), run(start_race(pair, "abc", cfg))
+    pieces = lane_pieces(race, race.spec)
     kinds = {p.kind for p in pieces}
     assert {"accepted", "rejected", "replacement", "bonus"} <= kinds
     shown = "".join(p.text for p in pieces if p.kind in ("accepted", "replacement", "bonus"))

@@ -12,6 +12,8 @@ from specdec_core.config import DEFAULT_MIN_CONFIDENCE
 
 from .apprun import OUTPUT, AppProcess
 
+pytestmark = pytest.mark.slow  # app.py in a subprocess
+
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 SHOTS = OUTPUT / "browser"
 STOP_PROMPT = "Count to a thousand."  # the tiny pair never ends a greedy run early
@@ -107,6 +109,7 @@ def attached(page, selector, timeout=60_000):
     page.locator(selector).first.wait_for(state="attached", timeout=timeout)
 
 
+@pytest.mark.browser
 def test_browser_race_shows_coloured_tokens_and_plots(page):
     page.locator("#prompt textarea").fill("<img src=x onerror=\"window.__xss=1\"> Write a loop in Python.")
     page.locator("#generate").click()
@@ -126,6 +129,7 @@ def visible_token(page, kind):
     return page.locator(f"#spec-pane .{kind}").filter(has_text=re.compile(r"\S")).first
 
 
+@pytest.mark.browser
 def test_browser_clicking_a_token_opens_its_decision(page):
     visible_token(page, "tok-rej").click()  # greedy: a rejected draft, explained by the argmax
     page.locator("#decision", has_text="different: rejected").wait_for(timeout=30_000)
@@ -138,6 +142,7 @@ def test_browser_clicking_a_token_opens_its_decision(page):
     page.screenshot(path=str(SHOTS / "inspector-theory.png"), full_page=True)
 
 
+@pytest.mark.browser
 def test_browser_stop_cancels_and_the_next_run_works(page):
     page.locator("#max-new input[type=number]").fill("1024")
     page.locator("#max-new input[type=number]").press("Enter")
@@ -156,6 +161,7 @@ def test_browser_stop_cancels_and_the_next_run_works(page):
     page.locator("#summary", has_text="identical").wait_for(timeout=60_000)
 
 
+@pytest.mark.browser
 def test_browser_escapes_text_from_a_visitor(page):
     page.locator("#pair-box").get_by_text("Model pair").first.click()
     page.locator("#custom-pair textarea, #custom-pair input").first.fill('<img src=x onerror="window.__xss=2">,b')
@@ -166,6 +172,7 @@ def test_browser_escapes_text_from_a_visitor(page):
     page.screenshot(path=str(SHOTS / "bad-pair.png"))
 
 
+@pytest.mark.browser
 def test_browser_language_switch_covers_labels_and_results(page):
     page.locator("#lang").get_by_text("Português (Brasil)").click()
     page.locator("#generate", has_text="Gerar").wait_for(timeout=10_000)

@@ -6,6 +6,8 @@ import pytest
 
 from .apprun import OUTPUT, AppProcess
 
+pytestmark = pytest.mark.slow  # app.py in a subprocess, under load
+
 LONG_PROMPT = "Count to a thousand."  # greedy runs on the tiny pair go on to max_new_tokens
 
 

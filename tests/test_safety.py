@@ -13,7 +13,7 @@ from app.pairs import PairManager, check_model_id, judge_model_info, parse_spec
 from app.race import run, start_race, step
 from specdec_core import SpecConfig, generate
 from specdec_core.sampling import NonFiniteLogitsError
-from specdec_core.tiny import tiny_models
+from specdec_core.models.tiny import tiny_models
 
 from .conftest import with_eos
 
@@ -111,7 +111,7 @@ def test_nan_logits_are_reported_never_sampled(tiny):
         generate(pair, "hello", SpecConfig(max_new_tokens=5))
     manager = SimpleNamespace(pair=pair, status="", loading=False)
     with pytest.raises(gr.Error, match="NaN"):
-        api_generate(manager, None, "hello", 4, 0.0, 1.0, 0, 5, 0, "model")
+        api_generate(manager, None, "hello", dict(k=4, max_new_tokens=5, drafter="model"))
 
 
 def test_eos_as_the_very_first_token(tiny):

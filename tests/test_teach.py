@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import plotly.graph_objects as go
 
 from app import teach
-from app.handlers import view
+from app.handlers import lane_pieces, view
 from app.i18n import TEXT, t
 from app.inspector import decision_text
 from app.race import run, start_race
@@ -15,7 +15,9 @@ from specdec_core import SpecConfig
 
 def test_sweep_runs_every_k_at_every_temperature_and_plots_both(tiny):
     manager = SimpleNamespace(pair=tiny)
-    steps = list(teach.sweep(manager, "hello", 4, 0.0, 1.0, 0, 12, 0, "model", False, 0.0, True, "en"))
+    settings = dict(k=4, temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=12, seed=0, drafter="model",
+                    adaptive=False, min_confidence=0.0, lang="en")
+    steps = list(teach.sweep(manager, "hello", settings, True))
     notes = [s[0] for s in steps[:-1]]
     assert len(notes) == 3 * 8 and "24 of 24" in notes[-1]
     note, fig = steps[-1]
@@ -28,14 +30,14 @@ def test_sweep_runs_every_k_at_every_temperature_and_plots_both(tiny):
 
 
 def test_sweep_without_a_model_says_so():
-    out = list(teach.sweep(SimpleNamespace(pair=None), "hi", 4, 0, 1, 0, 10, 0, "model", False, 0, False, "pt"))
+    out = list(teach.sweep(SimpleNamespace(pair=None), "hi", dict(k=4, max_new_tokens=10, lang="pt"), False))
     assert "Nenhum modelo" in out[0][0]
 
 
 def test_clicked_token_positions_match_the_inspector(tiny):
     race = run(start_race(tiny, "hello", SpecConfig(k=4, max_new_tokens=40)))
     checked = set()
-    for piece in race.spec.pieces:
+    for piece in lane_pieces(race, race.spec):
         if not piece.pos:
             continue
         opened, round_no, position, text, _ = teach.pick(race, f"{piece.round},{piece.pos},123", "en")
@@ -45,7 +47,7 @@ def test_clicked_token_positions_match_the_inspector(tiny):
         assert expected in text, (piece, text)
         checked.add(piece.kind)
     assert {"accepted", "rejected", "replacement", "bonus"} <= checked
-    assert all(p.pos == 0 for p in race.plain.pieces)  # plain decoding has no drafts to inspect
+    assert all(p.pos == 0 for p in lane_pieces(race, race.plain))  # plain decoding has no drafts to inspect
     assert teach.pick(race, "not a position", "en")[0] is not None  # garbage from the page is ignored
 
 
@@ -58,16 +60,16 @@ def test_portuguese_covers_every_text_and_keeps_numbers():
 
 
 def test_results_follow_the_language(tiny):
-    race = start_race(tiny, "hello", SpecConfig(k=4, max_new_tokens=30))
-    race.meta["lang"] = "pt"
-    run(race)
-    outputs = view(race, True)
-    assert "Aceleração" in outputs[2] and "idêntica" in outputs[2]
-    assert [fig.layout.title.text for fig in outputs[3:7]] == [
+    race = run(start_race(tiny, "hello", SpecConfig(k=4, max_new_tokens=30)))
+    shown = view(race, "pt")
+    assert "Aceleração" in shown.summary and "idêntica" in shown.summary
+    assert [fig.layout.title.text for fig in (shown.race_plot, shown.speed_plot, shown.rounds_plot,
+                                              shown.positions_plot)] == [
         t(key, "pt") for key in ("f_race", "f_speed", "f_rounds", "f_positions")]
-    tips = {p.kind: p.tip for p in race.spec.pieces}
+    tips = {p.kind: p.tip for p in lane_pieces(race, race.spec, "pt")}
     assert tips["accepted"].startswith("aceito · rodada") and tips["rejected"].startswith("rejeitado")
-    assert "máx. de tokens" in outputs[1]
+    assert "máx. de tokens" in shown.spec
+    assert view(race, "en").spec != shown.spec  # the same race, drawn again in English
     e = next(e for e in race.spec.events if e.token_kind == "replacement")
     assert teach.caption(e, "pt").startswith(f"Rodada {e.round}: rascunhou {len(e.drafted)}")
     assert "rejeitado" in decision_text(e, e.accepted, race.label, "pt")

@@ -53,6 +53,8 @@ def test_the_cache_is_built_once_in_the_dtype_used(fake_cache):
     assert folder == root / "fake-bfloat16" and builds == ["fake-bfloat16.partial"]
     assert model.dtype == torch.bfloat16 and torch.equal(model.lm_head.weight, target.lm_head.weight.bfloat16())
     assert sorted(p.name for p in root.iterdir()) == ["fake-bfloat16"]  # no GGUF, no float32 copy, no leftovers
+    for saved in ("draft-int4.safetensors", "target-int8.safetensors"):  # quantised weights kept beside it
+        (folder / saved).write_bytes(b"checked on their own")
     load()
     assert len(builds) == 1
 

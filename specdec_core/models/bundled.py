@@ -18,6 +18,7 @@ import multiprocessing
 import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,7 @@ DRAFT = BundledModel("Qwen2.5-Coder-0.5B-Instruct (Q4_K_M)", "qwen2.5-coder-0.5b
                      6, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491400064)
 FORMAT = 2  # bump when the converted layout changes
 MANIFEST = "specdec.json"
+QUANTISED = ("draft-", "target-")  # names of the quantised weights load_pair keeps beside a model's own
 
 
 def part_paths(m: BundledModel) -> list[Path]:
@@ -93,13 +95,16 @@ def dequantise(gguf: Path, out: Path, dtype: torch.dtype) -> None:
 
 
 def in_child(fn, *args) -> None:
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        pool.submit(fn, *args).result()
+    try:
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            return pool.submit(fn, *args).result()
+    except BrokenProcessPool:  # no child could start (a __main__ it cannot import again): do it here
+        return fn(*args)
 
 
 def manifest(m: BundledModel, dtype: torch.dtype, folder: Path) -> dict:
     files = {f.name: f.stat().st_size for f in sorted(folder.iterdir()) if f.name != MANIFEST and f.suffix != ".partial"
-             and not f.name.startswith("draft-")}  # the quantised draft is checked on its own
+             and not f.name.startswith(QUANTISED)}  # quantised weights are checked on their own
     return {"format": FORMAT, "gguf_sha256": m.sha256, "dtype": str(dtype), "files": files}
 
 
@@ -176,21 +181,24 @@ def load_model(m: BundledModel, root: Path, dtype: torch.dtype, progress: Progre
         return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype), folder
 
 
-def load_bundled(device: torch.device, dtype: torch.dtype, progress: Progress, cache_dir=None) -> tuple[Pair, Path]:
-    """The pair, and the draft's folder (where its quantised weights are kept too, see load_pair)."""
+def load_bundled(device: torch.device, dtype: torch.dtype, progress: Progress, cache_dir=None) -> tuple[Pair, dict]:
+    """The pair, and each model's folder by role (its quantised weights are kept there too, see load_pair)."""
     from transformers import AutoTokenizer
 
     root = Path(cache_dir or default_cache_dir())
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    # both at once: a first start spends most of its time parsing each GGUF in Python, one core each
+    step = lambda f, msg: progress(0.8 * f, msg)
+    build = lambda *args: in_child(dequantise, *args)
+    # a first start spends most of its time parsing each GGUF in Python, on one core: both at once
     with ThreadPoolExecutor(2) as pool:
-        (target, target_dir), (draft, draft_dir) = pool.map(
-            lambda m: load_model(m, root, dtype, lambda f, msg: progress(0.8 * f, msg)), (TARGET, DRAFT))
+        list(pool.map(lambda m: convert(m, root, dtype, step, build), (TARGET, DRAFT)))
+    # one after the other: from_pretrained sets torch's default dtype for the whole process while it runs
+    (target, target_dir), (draft, draft_dir) = (load_model(m, root, dtype, step, build) for m in (TARGET, DRAFT))
     tok = AutoTokenizer.from_pretrained(target_dir)
     if (target_dir / "tokenizer.json").read_bytes() != (draft_dir / "tokenizer.json").read_bytes():
         check_tokenizers(tok, AutoTokenizer.from_pretrained(draft_dir), TARGET.name, DRAFT.name)
     progress(1.0, "ready")
     pair = make_pair("bundled", target.to(device), draft.to(device), tok, device, dtype,
                      {"target": TARGET.name, "draft": DRAFT.name, "load_s": time.perf_counter() - t0})
-    return pair, draft_dir
+    return pair, {"target": target_dir, "draft": draft_dir}

@@ -79,8 +79,9 @@ class PairManager:
     keep the pair object they started with, so a switch never corrupts them."""
 
     def __init__(self, device: str = "auto", dtype: str = "auto", allow_custom: bool = True,
-                 allowlist: frozenset[str] = frozenset(), graphs: str = "auto", probe: bool = True):
-        self.device, self.dtype, self.graphs, self.probe = device, dtype, graphs, probe
+                 allowlist: frozenset[str] = frozenset(), graphs: str = "auto", probe: bool = True,
+                 target_quant: str = "off"):
+        self.device, self.dtype, self.graphs, self.probe, self.target_quant = device, dtype, graphs, probe, target_quant
         self.allow_custom, self.allowlist = allow_custom, allowlist
         self.pair = None
         self.spec = None
@@ -113,7 +114,7 @@ class PairManager:
                     check_model_id(model_id, MEMORY_BUDGET_GB * 1e9)
             t0 = time.perf_counter()
             pair = load_pair(target, draft, device=self.device, dtype=self.dtype, progress=self._progress,
-                             graphs=self.graphs)
+                             graphs=self.graphs, target_quant=self.target_quant)
             seconds = time.perf_counter() - t0
             verdict = self.gpu_verdict(pair) if self.probe and pair.device.type == "cuda" else ""
             self.pair, self.spec = pair, spec

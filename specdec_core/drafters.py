@@ -24,7 +24,7 @@ from .sampling import sample, warp
 class Draft:
     tokens: torch.Tensor  # [k'] proposed ids, k' <= k
     q: torch.Tensor | None  # [k', V] distributions they were sampled from; None = deterministic drafter
-    logits: torch.Tensor | None = None  # [k', V] raw draft logits, kept only for display
+    logits: torch.Tensor | None = None  # [k', V] raw draft logits, kept only for display (cfg.record_top)
     size: torch.Tensor | None = None  # () on the device: only the first `size` tokens are the draft (None: all)
     failed: torch.Tensor | None = None  # () bool on the device: the draft produced NaN or +inf logits
 
@@ -93,7 +93,8 @@ class ModelDrafter:
         if cfg.min_confidence and self.cut_on_device:
             sure = torch.stack(tops).to(torch.float32 if self.lm.device.type == "mps" else torch.float64).cumprod(0)
             size = ((sure >= cfg.min_confidence).sum() + 1).clamp(max=len(tokens))
-        return Draft(torch.cat(tokens), torch.stack(qs), torch.stack(raw), size, torch.stack(failed).any())
+        shown = torch.stack(raw) if cfg.record_top else None  # the inspector's greedy view only
+        return Draft(torch.cat(tokens), torch.stack(qs), shown, size, torch.stack(failed).any())
 
     def commit(self, n_ids):
         # keep only the committed prefix; the newest committed token is fed next round

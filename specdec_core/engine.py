@@ -199,8 +199,9 @@ def read_round(x, q, p, d, failed, size, logits, draft_logits, cfg: SpecConfig) 
     k, n_top = x.numel(), cfg.record_top
     rows = torch.arange(k, device=p.device)
     q_x = q[rows, x] if q is not None else torch.ones(k, device=p.device)
-    head = torch.stack([failed.float(), d.n_accepted.float(), d.token.float(), d.rejected.float(), d.dist.gather(0, d.token.view(1))[0],
-                        torch.tensor(float(k), device=p.device) if size is None else size.float()])
+    p_token = d.dist.gather(0, d.token.view(1))[0]
+    drafted = torch.tensor(float(k), device=p.device) if size is None else size.float()
+    head = torch.stack([failed.float(), d.n_accepted.float(), d.token.float(), d.rejected.float(), p_token, drafted])
     parts = [head, x.float(), p[rows, x], q_x, d.accept_probs, d.uniforms]
     tops = []
     if n_top:

@@ -1,4 +1,5 @@
-"""A cheaper draft (int4 or int8 weights, pruned head) changes acceptance only, never the output."""
+"""A cheaper draft (int4 or int8 weights, pruned head) changes acceptance only, never the output; an int8
+target is another target, but one function of its input: a position's logits do not depend on the pass."""
 import copy
 import dataclasses
 
@@ -7,8 +8,9 @@ import torch
 from safetensors import safe_open
 
 from specdec_core import SpecConfig, generate
-from specdec_core.models.quant import (DynamicInt8Linear, Int4Linear, Int8Linear, PackedLinear, PrunedHead, can_pack,
-                                cheapen_draft, load_saved, pack_linears)
+from specdec_core.models.quant import (DynamicInt8Linear, Int4Linear, Int8Linear, PackedLinear, PrunedHead,
+                                       TokenInt8Linear, can_pack, cheapen_draft, pack_linears, quantise_target,
+                                       replace_linears)
 
 from .conftest import with_eos
 
@@ -122,3 +124,54 @@ def test_saved_draft_is_the_same_draft_and_stale_files_are_rebuilt(tiny, tmp_pat
     with safe_open(str(path), "pt") as f:  # the last load rewrote the file in this mode
         assert f.metadata()["source"].startswith(f"weights v1\n{mode}, ")
 
+
+
+def test_token_int8_rows_do_not_depend_on_the_other_rows():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(96, 40)
+    x = torch.randn(17, 96) * torch.rand(17, 1) * 10  # rows of very different sizes
+    with torch.no_grad():
+        for layer, independent in ((TokenInt8Linear(lin), True), (DynamicInt8Linear(lin), False)):
+            full = layer(x)
+            alone = torch.cat([layer(x[i: i + 1]) for i in range(17)])
+            assert torch.equal(full, alone) == independent, type(layer).__name__
+            assert (full - lin(x)).abs().max() / lin(x).abs().max() < 0.03
+
+
+def logits_alone_and_in_a_pass(model, vocab):
+    """The logits of one position fed alone, and the same position inside a 17-token pass."""
+    from specdec_core.cache import CachedModel
+
+    prompt, pass_ids = list(range(3, 60)), torch.arange(100, 117)
+    lm = CachedModel(model, vocab)
+    lm.prefill(prompt)
+    full = lm.forward(pass_ids, keep=17)
+    lm.crop(len(prompt))
+    alone = torch.stack([lm.forward(pass_ids[i: i + 1], keep=1)[0] for i in range(17)])  # one at a time, as AR does
+    return alone, full
+
+
+def test_the_int8_target_gives_a_position_the_same_logits_alone_or_in_a_pass(tiny):
+    target = quantise_target(copy.deepcopy(tiny.target).to(torch.bfloat16))
+    assert next(target.parameters()).dtype == torch.float32
+    alone, full = logits_alone_and_in_a_pass(target, tiny.vocab)
+    assert torch.equal(alone, full)
+    # the same layers with one activation scale for the whole pass give another function
+    shared = replace_linears(copy.deepcopy(tiny.target), lambda name, mod: DynamicInt8Linear(mod))
+    alone, full = logits_alone_and_in_a_pass(shared, tiny.vocab)
+    assert (alone - full).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("k", [1, 4, 16])
+def test_the_int8_target_decodes_losslessly_and_is_saved(tiny, tmp_path, k):
+    path = tmp_path / "target-int8.safetensors"
+    target = quantise_target(copy.deepcopy(tiny.target), saved=path, source="weights v1")
+    again = quantise_target(copy.deepcopy(tiny.target), saved=path, source="weights v1")
+    with torch.inference_mode():
+        x = torch.tensor([[5, 17, 42, 99, 7]])
+        assert torch.equal(target(x).logits, again(x).logits)
+    pair = dataclasses.replace(with_eos(tiny, []), target=target, heads={})
+    cfg = SpecConfig(k=k, max_new_tokens=48)
+    spec = generate(pair, "int8 target", cfg)
+    assert spec.token_ids == generate(pair, "int8 target", cfg, "autoregressive").token_ids
+    assert 0 < spec.stats.acceptance_rate < 1

@@ -122,6 +122,8 @@ def run_prompt(pair, item, cfg, drafter_name, compare_hf, hf_k, repeats=1) -> di
 def summarize(entries: list[dict]) -> dict:
     med = lambda key: statistics.median(e[key] for e in entries)
     out = {"speedup_median": med("speedup"), "speedup_min": min(e["speedup"] for e in entries),
+           "spec_tokens_per_s_median": statistics.median(e["spec"]["tokens_per_s"] for e in entries),
+           "ar_tokens_per_s_median": statistics.median(e["ar"]["tokens_per_s"] for e in entries),
            "decode_speedup_median": med("decode_speedup"), "predicted_speedup_median": med("predicted_speedup"),
            "measured_over_predicted_median": statistics.median(e["decode_speedup"] / e["predicted_speedup"]
                                                                for e in entries),
@@ -148,7 +150,8 @@ def table(report: dict) -> str:
                        f"  near-tie at {e['first_divergence']['position']} "
                        f"(gap {e['first_divergence']['logprob_gap']:.3f})"))
     s = report["summary"]
-    rows.append(f"median speedup {s['speedup_median']:.2f}x (min {s['speedup_min']:.2f}x); decode phase "
+    rows.append(f"median speedup {s['speedup_median']:.2f}x (min {s['speedup_min']:.2f}x), "
+                f"{s['spec_tokens_per_s_median']:.1f} against {s['ar_tokens_per_s_median']:.1f} tok/s; decode phase "
                 f"{s['decode_speedup_median']:.2f}x vs predicted {s['predicted_speedup_median']:.2f}x "
                 f"(ratio {s['measured_over_predicted_median']:.2f}); identical {s['identical']}/{s['prompts']}"
                 + (f", vs HF assisted {s['speedup_vs_hf_median']:.2f}x" if "speedup_vs_hf_median" in s else ""))
@@ -209,41 +212,53 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=1, help="run each method this many times; keep the fastest")
     ap.add_argument("--draft-quant", default="int4", choices=[*QUANT_MODES, "off"],
                     help="how the draft is quantised on CPUs (off: as loaded)")
+    ap.add_argument("--target-quant", default="off",
+                    help="the target's weights on CPUs: off (as loaded) or int8; a comma list compares them in one run")
     args = ap.parse_args(argv)
 
-    t0 = time.perf_counter()
     target, _, draft = args.pair.partition(",")
-    pair = load_pair(target, draft or None, device=args.device, dtype=args.dtype,
-                     draft_quant=False if args.draft_quant == "off" else "auto", quant_mode=args.draft_quant)
-    load_s = time.perf_counter() - t0
     cfg = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature, adaptive=args.adaptive,
                      min_confidence=args.min_confidence)
     items = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     items = items[: args.limit] if args.limit else items
-    # warm-up: first calls pay for allocations and kernel selection
-    warm = dataclasses.replace(cfg, max_new_tokens=8)
-    generate(pair, items[0]["prompt"], warm, "autoregressive")
-    generate(pair, items[0]["prompt"], warm, drafter=make_drafter(pair, args.drafter))
-    if args.compare_hf:
-        hf_assisted(pair, prepare(pair, items[0]["prompt"], warm), warm, args.hf_k)
-    entries = []
+    pairs, load_s = {}, {}
+    for variant in args.target_quant.split(","):  # each target's own pair; runs interleave prompt by prompt
+        t0 = time.perf_counter()
+        pairs[variant] = load_pair(target, draft or None, device=args.device, dtype=args.dtype, target_quant=variant,
+                                   draft_quant=False if args.draft_quant == "off" else "auto", quant_mode=args.draft_quant)
+        load_s[variant] = time.perf_counter() - t0
+        # warm-up: first calls pay for allocations and kernel selection
+        warm = dataclasses.replace(cfg, max_new_tokens=8)
+        generate(pairs[variant], items[0]["prompt"], warm, "autoregressive")
+        generate(pairs[variant], items[0]["prompt"], warm, drafter=make_drafter(pairs[variant], args.drafter))
+        if args.compare_hf:
+            hf_assisted(pairs[variant], prepare(pairs[variant], items[0]["prompt"], warm), warm, args.hf_k)
+    entries = {variant: [] for variant in pairs}
     for item in items:
-        entries.append(run_prompt(pair, item, cfg, args.drafter, args.compare_hf, args.hf_k, args.repeats))
-        e = entries[-1]
-        print(f"{e['id']}: {e['speedup']:.2f}x, acceptance {e['spec']['acceptance_rate']:.2f}", flush=True)
-    report = {"pair": pair.name, "models": {"target": pair.info.get("target"), "draft": pair.info.get("draft")},
-              "device": str(pair.device), "dtype": str(pair.dtype).replace("torch.", ""),
-              "cpu_kernels": {k: pair.info[k] for k in ("draft_quant", "packed") if k in pair.info},
-              "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", {torch.get_num_threads()} threads",
-              "settings": {"k": cfg.k, "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
-                           "drafter": args.drafter, "adaptive": cfg.adaptive, "min_confidence": cfg.min_confidence,
-                           "hf_k": args.hf_k, "repeats": args.repeats,
-                           "prompts": args.prompts},
-              "load_s": load_s, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-              "prompts": entries, "summary": summarize(entries)}
+        for variant, pair in pairs.items():
+            entries[variant].append(run_prompt(pair, item, cfg, args.drafter, args.compare_hf, args.hf_k, args.repeats))
+            e = entries[variant][-1]
+            print(f"{e['id']} ({variant} target): {e['speedup']:.2f}x, {e['spec']['tokens_per_s']:.1f} tok/s, "
+                  f"acceptance {e['spec']['acceptance_rate']:.2f}", flush=True)
+    reports = {}
+    for variant, pair in pairs.items():
+        reports[variant] = {
+            "pair": pair.name, "models": {"target": pair.info.get("target"), "draft": pair.info.get("draft")},
+            "device": str(pair.device), "dtype": str(pair.dtype).replace("torch.", ""),
+            "target_weights": pair.info.get("target_weights"),
+            "cpu_kernels": {k: pair.info[k] for k in ("draft_quant", "packed") if k in pair.info},
+            "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", {torch.get_num_threads()} threads",
+            "settings": {"k": cfg.k, "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
+                         "drafter": args.drafter, "adaptive": cfg.adaptive, "min_confidence": cfg.min_confidence,
+                         "hf_k": args.hf_k, "repeats": args.repeats, "target_quant": variant, "prompts": args.prompts},
+            "load_s": load_s[variant], "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "prompts": entries[variant], "summary": summarize(entries[variant])}
+    report = next(iter(reports.values())) if len(reports) == 1 else {"variants": reports}
     Path(args.json).write_text(json.dumps(report, indent=2))
-    chart(report, Path(args.png) if args.png else Path(args.json).with_suffix(".png"))
-    print(table(report))
+    for variant, one in reports.items():
+        png = Path(args.png) if args.png else Path(args.json).with_suffix(".png")
+        chart(one, png if len(reports) == 1 else png.with_name(f"{png.stem}-{variant}{png.suffix}"))
+        print(f"target weights: {one['target_weights']}\n{table(one)}")
     return report
 
 

@@ -15,8 +15,8 @@ shapes) and each way of running decoding steps (--graphs: off, or compiled with 
   tokens/s against what the cost model predicts from the measured c and verify cost, at each a,
   and at the acceptance rates the bundled pair really had per prompt (--acceptance-from: a CPU
   bench JSON);
-- the app's race (both decoders taking turns on one target) at the middle a, against the same
-  decoders run alone: the race must show the same ratio.
+- the app's race (both decoders taking turns on one target) at the middle a asked for, against the
+  same decoders run alone: the race must show the same ratio.
 """
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def race_rates(pair, prompt, cfg, judge) -> dict:
     return {name: summarize(e).decode_tokens_per_s for name, e in events.items()}
 
 
-def measure(pair, args, graphs: str, accepts: dict[str, float]) -> dict:
+def measure(pair, args, graphs: str, accepts: dict[str, float], race_at: str) -> dict:
     pair.steps.clear()
     t0 = time.perf_counter()
     if graphs != "off":
@@ -124,9 +124,7 @@ def measure(pair, args, graphs: str, accepts: dict[str, float]) -> dict:
         runs[name] = {"a": a, "tokens_per_s": rate, "speedup": rate / plain, "predicted_tokens_per_s": predicted,
                       "measured_over_predicted": rate / predicted,
                       "accepted_per_round": statistics.mean(e.accepted for e in events)}
-    middle = list(accepts.values())[len(accepts) // 2]
-    race = race_rates(pair, prompt, cfg, simulated(middle))
-    alone = runs[next(n for n, a in accepts.items() if a == middle)]["speedup"]
+    race = race_rates(pair, prompt, cfg, simulated(accepts[race_at]))
     return {
         "graphs": graphs, "target_step_ms": step, "draft_step_ms": draft_step, "draft_cost_c": c,
         "pass_cost_vs_step": passes, "measure_and_compile_s": compile_s,
@@ -134,8 +132,8 @@ def measure(pair, args, graphs: str, accepts: dict[str, float]) -> dict:
                             for role, ms in (("target", step), ("draft", draft_step))},
         "plain_tokens_per_s": plain, "greedy_identical": ids(plain_events) == ids(spec_events),
         "simulated": runs,
-        "race": {"a": middle, "plain_tokens_per_s": race["plain"], "spec_tokens_per_s": race["spec"],
-                 "speedup": race["spec"] / race["plain"], "speedup_alone": alone},
+        "race": {"a": accepts[race_at], "plain_tokens_per_s": race["plain"], "spec_tokens_per_s": race["spec"],
+                 "speedup": race["spec"] / race["plain"], "speedup_alone": runs[race_at]["speedup"]},
     }
 
 
@@ -191,9 +189,12 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     device, dtype = pick_device(args.device), getattr(torch, args.dtype)
     accepts = {f"a={a}": float(a) for a in args.accept.split(",")}
+    race_at = list(accepts)[len(accepts) // 2]  # the middle rate asked for
     if args.acceptance_from:
         with open(args.acceptance_from) as f:
-            accepts.update({e["id"]: e["spec"]["acceptance_rate"] for e in json.load(f)["prompts"]})
+            run = json.load(f)
+        run = next(iter(run["variants"].values())) if "variants" in run else run  # the first target of a comparison
+        accepts.update({e["id"]: e["spec"]["acceptance_rate"] for e in run["prompts"]})
     start = time.perf_counter()
     report = {"device": torch.cuda.get_device_name() if device.type == "cuda" else str(device), "dtype": args.dtype,
               "context": args.context, "max_new_tokens": args.max_new_tokens, "k": args.k, "peak_tbs": args.peak_tbs,
@@ -218,7 +219,7 @@ def main(argv=None) -> dict:
                 entry["skipped"] = "time budget"
             else:
                 try:
-                    entry.update(measure(pair, args, graphs, accepts))
+                    entry.update(measure(pair, args, graphs, accepts, race_at))
                 except Exception as err:  # report it and go on with the next variant
                     entry["error"] = repr(err)[:500]
             report["variants"].append(entry)

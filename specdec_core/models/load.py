@@ -15,13 +15,15 @@ from .pair import Pair, Progress, check_tokenizers, make_pair, pick_device, pick
 def load_pair(target: str = "bundled", draft: str | None = None, device: str = "auto", dtype: str = "auto",
               progress: Progress | None = None, cache_dir: str | os.PathLike | None = None,
               draft_quant: bool | str = "auto", pack: bool | str = "auto", quant_mode: str = "int4",
-              graphs: str = "auto", max_len: int = 4096) -> Pair:
+              target_quant: str = "off", graphs: str = "auto", max_len: int = 4096) -> Pair:
     """"bundled" (offline default), "tiny" (random, for tests), or a target and draft hub id / local dir.
 
     "auto" (docs/benchmarks.md has the measurements):
     draft_quant: a quantised draft on CPUs (quant_mode: see quant.cheapen_draft). It changes the
     draft's speed and guesses, never the output.
     pack: on CPUs in bfloat16, every remaining Linear weight prepacked for oneDNN (same numbers, faster).
+    target_quant: "int8" on CPUs: int8 weights and per-token int8 activations, float32 elsewhere
+    (quant.quantise_target). Both decoders share it, so the race stays fair; it is another target.
     graphs: on CUDA, decoding steps compiled with CUDA graphs ("inductor"; also "cudagraphs", "off") over
     static caches of `max_len` positions (cache.StaticSteps); the context is capped to fit them.
     """
@@ -31,35 +33,43 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     backend = ("inductor" if dev.type == "cuda" else "off") if graphs == "auto" else graphs
     if backend not in ("off", "inductor", "cudagraphs"):
         raise ValueError(f"graphs must be auto, off, inductor or cudagraphs, got {graphs!r}")
-    if target == "tiny":
+    if target_quant not in ("off", "int8"):
+        raise ValueError(f"target_quant must be off or int8, got {target_quant!r}")
+    folders = {}  # the bundled models keep their quantised weights beside their own
+    if target == "tiny":  # as built, since tests compare it with models built the same way
         from .tiny import tiny_models
         t, d, tok = tiny_models()
         progress(1.0, "tiny pair ready")
-        return make_pair("tiny", t.to(dev, dt), d.to(dev, dt), tok, dev, dt,
+        pair = make_pair("tiny", t.to(dev, dt), d.to(dev, dt), tok, dev, dt,
                          {"target": "tiny-target", "draft": "tiny-draft (perturbed copy)"})
-    draft_folder = None  # the bundled draft keeps its quantised weights beside its own
-    if target == "bundled":
+        draft_quant = pack = False
+    elif target == "bundled":
         from .bundled import MANIFEST, load_bundled
-        pair, draft_folder = load_bundled(dev, dt, progress, cache_dir)
+        pair, folders = load_bundled(dev, dt, progress, cache_dir)
     elif draft is None:
         raise ValueError("A custom pair needs both a target and a draft model id (or directory).")
     else:
         pair = load_hub_pair(target, draft, dev, dt, progress)
-    from .quant import can_pack, cheapen_draft, pack_linears, quant_label
+    from .quant import can_pack, cheapen_draft, pack_linears, quant_label, quantise_target
 
     cpu_bf16 = dev.type == "cpu" and dt == torch.bfloat16
+    saved = lambda role, name: (folders[role] / name, (folders[role] / MANIFEST).read_text()) if folders else (None, "")
     if pair.draft is not None and (draft_quant is True or (draft_quant == "auto" and dev.type == "cpu")):
-        saved = draft_folder / f"draft-{quant_mode}.safetensors" if draft_folder else None
-        source = (draft_folder / MANIFEST).read_text() if draft_folder else ""  # the weights they came from
-        cheapen_draft(pair.draft, quant=True, mode=quant_mode, saved=saved, source=source)
+        cheapen_draft(pair.draft, True, 0, quant_mode, *saved("draft", f"draft-{quant_mode}.safetensors"))
         pair.info["draft_quant"] = quant_label(pair.draft, quant_mode)
     pair.info["target_weights"] = str(dt).replace("torch.", "")
+    if target_quant == "int8":
+        if dev.type != "cpu":
+            raise ValueError("target_quant='int8' runs on CPUs only.")
+        quantise_target(pair.target, *saved("target", "target-int8.safetensors"))
+        pair.info["target_weights"] = "int8, per-token int8 activations, float32 elsewhere"
     if pack is True or (pack == "auto" and cpu_bf16):
-        for model in (pair.target, pair.draft):
+        for role in ("target", "draft"):
+            model = getattr(pair, role)
             if model is not None and can_pack(model):
                 pack_linears(model)
                 pair.info["packed"] = "oneDNN prepacked weights"
-        pair.info["target_weights"] += ", prepacked" if "packed" in pair.info else ""
+                pair.info["target_weights"] += ", prepacked" if role == "target" else ""
     if dev.type == "cpu":
         for model in (pair.target, pair.draft):
             if model is not None:

@@ -70,6 +70,46 @@ class DynamicInt8Linear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
+class TokenInt8Linear(nn.Module):
+    """int8 weights (a scale per output channel) times int8 activations with a scale per token (row).
+
+    For a target: a position's output must not depend on the other tokens verified with it, or greedy
+    output would match plain decoding only by luck. fbgemm's dynamic linear picks one range for its
+    whole input, so each row is first divided by its own largest magnitude (every row then spans at
+    most [-1, 1]) and a row holding -1 and +1 is appended: the range is [-1, 1] whatever the other rows
+    are, integer products are exact, and each row is scaled back afterwards.
+    """
+
+    def __init__(self, linear: nn.Linear, saved: dict | None = None):
+        super().__init__()
+        zeros = lambda scale: torch.zeros_like(scale, dtype=torch.long)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if saved:
+                wq = torch._make_per_channel_quantized_tensor(saved["qweight"], saved["scale"], zeros(saved["scale"]), 0)
+            else:
+                w = linear.weight.detach().float()
+                scale = channel_scales(w).double()
+                wq = torch.quantize_per_channel(w, scale, zeros(scale), 0, torch.qint8)
+        self.packed = torch.ops.quantized.linear_prepack(wq, None)
+        self.bias = None if linear.bias is None else linear.bias.detach().float()
+        self.out_features = linear.out_features
+        self.pin = torch.zeros(1, linear.in_features)
+        self.pin[0, :2] = torch.tensor([-1.0, 1.0])
+
+    def saved_state(self) -> dict:
+        wq, _ = torch.ops.quantized.linear_unpack(self.packed)
+        return {"qweight": wq.int_repr(), "scale": wq.q_per_channel_scales()}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1]).float()
+        size = rows.abs().amax(-1, keepdim=True).clamp(min=1e-30)
+        y = torch.ops.quantized.linear_dynamic(torch.cat([rows / size, self.pin]), self.packed, True)[:-1] * size
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
 class WeightOnlyLinear(nn.Module):
     """Quantised weights, activations as they come; a subclass gives the 2-D product `matmul`."""
 
@@ -207,9 +247,7 @@ def cheapen_draft(model: nn.Module, quant: bool = True, keep_vocab: int = 0, mod
     int4 kernel does not fit: float32, odd shapes), "mixed" (int8 dynamic, but down_proj weight-only),
     "dynamic" or "weight-only" (int8) everywhere.
 
-    saved: a file for the quantised weights, written on first use and read afterwards (quantising
-    the 0.5B draft is most of a warm start otherwise); `source` names the weights they came from,
-    and a file made from other weights, in another mode or dtype, or for another CPU is rebuilt."""
+    saved, source: see quantise (quantising the 0.5B draft would be most of a warm start)."""
     if mode not in QUANT_MODES:
         raise ValueError(f"draft quantisation must be one of {', '.join(QUANT_MODES)}, got {mode!r}")
     head = model.get_output_embeddings()
@@ -218,25 +256,66 @@ def cheapen_draft(model: nn.Module, quant: bool = True, keep_vocab: int = 0, mod
         model.config.tie_word_embeddings = False
     if quant:
         dtype = model.get_input_embeddings().weight.dtype
-        source = f"{source}\n{mode}, {dtype}, torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}"
-        tensors = load_saved(saved, source) if saved else {}
-        layers: dict[str, dict] = {}  # "layer name:field" -> {layer name: {field: tensor}}
-        for key, value in tensors.items():
-            name, _, field = key.rpartition(":")
-            layers.setdefault(name, {})[field] = value
-        make = QUANT_MODES[mode]
-        replace_linears(model, lambda name, mod: make(name, mod, layers.get(name)))
-        if saved and not tensors:
-            state = {f"{name}:{key}": value.contiguous() for name, mod in model.named_modules()
-                     if hasattr(mod, "saved_state") for key, value in mod.saved_state().items()}
-            partial = saved.with_suffix(".partial")
-            save_file(state, str(partial), metadata={"source": source})
-            partial.replace(saved)  # a start cut short never leaves half a file behind
+        quantise(model, QUANT_MODES[mode], saved, f"{source}\n{mode}, {dtype}")
     return model
 
 
+def quantise_target(model: nn.Module, saved: Path | None = None, source: str = "") -> nn.Module:
+    """In place: every Linear becomes a TokenInt8Linear, attention runs in float64 and everything else
+    in float32, so that a position's logits are the same alone or inside a verification pass.
+
+    Rounding an activation to int8 magnifies any difference in it, however small, and the one place a
+    row's numbers depend on the shape of its pass is attention (a one-row product sums in another
+    order than a 17-row one). In float32 those differences still flipped int8 roundings and moved
+    logits by more than 1; in float64 they are some 1e-16 and stay below every rounding step.
+    saved/source as in cheapen_draft."""
+    quantise(model, lambda name, mod, kept: TokenInt8Linear(mod, kept), saved, f"{source}\ntoken-int8")
+    model.set_attn_implementation(FLOAT64_ATTENTION)
+    return model.float()
+
+
+def float64_attention(module, query, key, value, attention_mask, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    out, weights = sdpa_attention_forward(module, query.double(), key.double(), value.double(), attention_mask, **kwargs)
+    return out.to(query.dtype), weights
+
+
+def _register_float64_attention() -> str:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register("specdec_float64", float64_attention)
+    AttentionMaskInterface.register("specdec_float64", sdpa_mask)
+    return "specdec_float64"
+
+
+FLOAT64_ATTENTION = _register_float64_attention()
+
+
+def quantise(model: nn.Module, make, saved: Path | None, source: str) -> None:
+    """Every nn.Linear `mod` named `name` becomes make(name, mod, its saved tensors or None).
+
+    saved: a file for the quantised weights, written on first use and read afterwards; `source` names
+    the weights and the mode they came from, and a file made from others, or for another CPU or torch
+    (packed layouts depend on both), is made again."""
+    source = f"{source}, torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}"
+    tensors = load_saved(saved, source) if saved else {}
+    layers: dict[str, dict] = {}  # "layer name:field" -> {layer name: {field: tensor}}
+    for key, value in tensors.items():
+        name, _, field = key.rpartition(":")
+        layers.setdefault(name, {})[field] = value
+    replace_linears(model, lambda name, mod: make(name, mod, layers.get(name)))
+    if saved and not tensors:
+        state = {f"{name}:{key}": value.contiguous() for name, mod in model.named_modules()
+                 if hasattr(mod, "saved_state") for key, value in mod.saved_state().items()}
+        partial = saved.with_suffix(".partial")
+        save_file(state, str(partial), metadata={"source": source})
+        partial.replace(saved)  # a start cut short never leaves half a file behind
+
+
 def load_saved(path: Path, source: str) -> dict:
-    """The tensors of a saved quantised draft, or {} when there is none, it is unreadable, or made from other weights."""
+    """The tensors of a saved quantised model, or {} when there is none, it is unreadable, or made from other weights."""
     try:
         with safe_open(str(path), "pt") as f:
             if (f.metadata() or {}).get("source") != source:

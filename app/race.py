@@ -16,7 +16,6 @@ from specdec_core.events import RoundEvent, Stats
 from specdec_core.text import Detokenizer, token_text
 
 
-
 @dataclass
 class Lane:
     name: str

@@ -45,8 +45,9 @@ class PackedLinear(nn.Module):
 
 
 class DynamicInt8Linear(nn.Module):
-    def __init__(self, linear: nn.Linear, saved: dict | None = None):
-        """saved: {"qweight": int8 [out, in], "scale": float64 [out]} from `saved_state`, else quantise now."""
+    def __init__(self, linear: nn.Linear, saved: dict | None = None, with_bias: bool = True):
+        """saved: {"qweight": int8 [out, in], "scale": float64 [out]} from `saved_state`, else quantise now.
+        with_bias: the kernel adds the bias (else a subclass does)."""
         super().__init__()
         zeros = lambda scale: torch.zeros_like(scale, dtype=torch.long)
         with warnings.catch_warnings():  # per-channel quantised tensors are stable; the warning is about the ao API
@@ -58,7 +59,7 @@ class DynamicInt8Linear(nn.Module):
                 scale = channel_scales(w).double()
                 wq = torch.quantize_per_channel(w, scale, zeros(scale), 0, torch.qint8)
         bias = None if linear.bias is None else linear.bias.detach().float()
-        self.packed = torch.ops.quantized.linear_prepack(wq, bias)
+        self.packed = torch.ops.quantized.linear_prepack(wq, bias if with_bias else None)
         self.out_features = linear.out_features
 
     def saved_state(self) -> dict:
@@ -70,7 +71,7 @@ class DynamicInt8Linear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
-class TokenInt8Linear(nn.Module):
+class TokenInt8Linear(DynamicInt8Linear):
     """int8 weights (a scale per output channel) times int8 activations with a scale per token (row).
 
     For a target: a position's output must not depend on the other tokens verified with it, or greedy
@@ -81,25 +82,10 @@ class TokenInt8Linear(nn.Module):
     """
 
     def __init__(self, linear: nn.Linear, saved: dict | None = None):
-        super().__init__()
-        zeros = lambda scale: torch.zeros_like(scale, dtype=torch.long)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            if saved:
-                wq = torch._make_per_channel_quantized_tensor(saved["qweight"], saved["scale"], zeros(saved["scale"]), 0)
-            else:
-                w = linear.weight.detach().float()
-                scale = channel_scales(w).double()
-                wq = torch.quantize_per_channel(w, scale, zeros(scale), 0, torch.qint8)
-        self.packed = torch.ops.quantized.linear_prepack(wq, None)
+        super().__init__(linear, saved, with_bias=False)  # the bias is added once a row is scaled back
         self.bias = None if linear.bias is None else linear.bias.detach().float()
-        self.out_features = linear.out_features
         self.pin = torch.zeros(1, linear.in_features)
         self.pin[0, :2] = torch.tensor([-1.0, 1.0])
-
-    def saved_state(self) -> dict:
-        wq, _ = torch.ops.quantized.linear_unpack(self.packed)
-        return {"qweight": wq.int_repr(), "scale": wq.q_per_channel_scales()}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).float()

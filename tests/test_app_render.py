@@ -5,8 +5,8 @@ import plotly.graph_objects as go
 import pytest
 
 from app import plots
-from app.race import run, start_race, step
 from app.handlers import lane_pieces
+from app.race import run, start_race, step
 from app.render import Piece, legend_html, pane_html
 from specdec_core import SpecConfig, generate
 from specdec_core.text import Detokenizer, encode_prompt

@@ -1,8 +1,11 @@
 """The benchmark CLIs run end to end on the tiny pair (their numbers are checked only for shape and sense)."""
 import json
 
+import pytest
+
 from specdec_core import SpecConfig
-from specdec_core.bench import cpu as bench, gpu as gpu_bench
+from specdec_core.bench import cpu as bench
+from specdec_core.bench import gpu as gpu_bench
 from specdec_core.engine import prepare
 
 from .conftest import with_eos
@@ -23,14 +26,17 @@ def test_bench_writes_json_and_table(tmp_path, capsys):
     assert "median speedup" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # four variants, each through every simulated rate and the race
 def test_gpu_bench_runs_on_a_small_shape(tmp_path):
     cpu_run = tmp_path / "cpu.json"  # per-prompt acceptance as the CPU bench writes it
     cpu_run.write_text(json.dumps({"prompts": [{"id": "code", "spec": {"acceptance_rate": 0.7}}]}))
     # "eager": the compiled-step path (static caches, padded sizes, dynamo) without a compiler backend
     report = gpu_bench.main(["--shapes", "tiny", "--device", "cpu", "--dtype", "float32", "--context", "32",
-                             "--max-new-tokens", "24", "--graphs", "off,eager", "--accept", "0.5,0.9",
+                             "--max-new-tokens", "24", "--graphs", "off,eager", "--attention", "sdpa,grouped",
+                             "--accept", "0.5,0.9",
                              "--acceptance-from", str(cpu_run), "--json", str(tmp_path / "gpu.json")])
-    assert [v["graphs"] for v in report["variants"]] == ["off", "eager"]
+    assert [(v["graphs"], v["attention"]) for v in report["variants"]] == [
+        ("off", "sdpa"), ("off", "grouped"), ("eager", "sdpa"), ("eager", "grouped")]  # the GPU run's variants
     for v in report["variants"]:
         assert v["target_step_ms"] > 0 and set(v["pass_cost_vs_step"]) == set(gpu_bench.PASS_SIZES)
         assert v["plain_tokens_per_s"] > 0 and v["greedy_identical"]
@@ -41,7 +47,7 @@ def test_gpu_bench_runs_on_a_small_shape(tmp_path):
         assert all(r["tokens_per_s"] > 0 and r["predicted_tokens_per_s"] > 0 for r in runs.values())
         assert v["race"]["a"] == 0.9 and v["race"]["speedup"] > 0
     assert report["local_dir_check"]["greedy_identical"] and report["local_dir_check"]["sampled_tokens"] == 40
-    assert json.loads((tmp_path / "gpu.json").read_text())["variants"][1]["graphs"] == "eager"
+    assert json.loads((tmp_path / "gpu.json").read_text())["variants"][3]["graphs"] == "eager"
 
 
 def test_transformers_constant_k_really_drafts_k_tokens(tiny):

@@ -7,6 +7,7 @@ import torch
 from specdec_core import SpecConfig, autoregressive_generate, generate, speculative_generate
 from specdec_core.cache import CachedModel
 from specdec_core.models import enable_graphs, make_pair
+from specdec_core.models.attention import GROUPED
 from specdec_core.models.tiny import tiny_models
 
 CONFIGS = [SpecConfig(k=4, max_new_tokens=40), SpecConfig(k=16, max_new_tokens=50),
@@ -101,3 +102,23 @@ def test_the_chat_template_head_is_computed_once_and_copied(fresh_pair):
     plain = fresh_pair.cached("target")
     plain.prefill([5, 6, 7])
     assert plain.length == 3
+
+
+def test_grouped_attention_decodes_what_sdpa_decodes(fresh_pair):
+    """Key/value heads read as they are (never repeated per query head) give the same logits and tokens,
+    in prompts (no mask: causal), single steps and verification passes, with dynamic and static caches."""
+    assert fresh_pair.target.config.num_attention_heads > fresh_pair.target.config.num_key_value_heads
+    cfg = SpecConfig(k=4, max_new_tokens=40)
+    before = runs(fresh_pair)
+    lm = fresh_pair.cached("target")
+    lm.prefill(list(range(3, 40)))
+    sdpa = lm.forward(torch.arange(50, 57), keep=7)
+    for model in (fresh_pair.target, fresh_pair.draft):
+        model.set_attn_implementation(GROUPED)
+    lm = fresh_pair.cached("target")
+    lm.prefill(list(range(3, 40)))
+    torch.testing.assert_close(lm.forward(torch.arange(50, 57), keep=7), sdpa)
+    assert runs(fresh_pair) == before
+    enable_graphs(fresh_pair, "eager", max_len=256, attention="grouped")  # static caches, through dynamo
+    assert fresh_pair.target.config._attn_implementation == GROUPED
+    assert runs(fresh_pair) == before and generate(fresh_pair, "grouped", cfg).token_ids

@@ -8,9 +8,19 @@ import torch
 from safetensors import safe_open
 
 from specdec_core import SpecConfig, generate
-from specdec_core.models.quant import (DynamicInt8Linear, Int4Linear, Int8Linear, PackedLinear, PrunedHead,
-                                       TokenInt8Linear, can_pack, cheapen_draft, pack_linears, quantise_target,
-                                       replace_linears)
+from specdec_core.models.quant import (
+    DynamicInt8Linear,
+    Int4Linear,
+    Int8Linear,
+    PackedLinear,
+    PrunedHead,
+    TokenInt8Linear,
+    can_pack,
+    cheapen_draft,
+    pack_linears,
+    quantise_target,
+    replace_linears,
+)
 
 from .conftest import with_eos
 

@@ -12,8 +12,8 @@ from app.limits import VisitorLimits
 from app.pairs import PairManager, check_model_id, judge_model_info, parse_spec
 from app.race import run, start_race, step
 from specdec_core import SpecConfig, generate
-from specdec_core.sampling import NonFiniteLogitsError
 from specdec_core.models.tiny import tiny_models
+from specdec_core.sampling import NonFiniteLogitsError
 
 from .conftest import with_eos
 

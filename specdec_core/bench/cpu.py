@@ -22,7 +22,8 @@ from .. import SpecConfig, generate, load_pair, make_drafter
 from ..config import DEFAULT_K, DEFAULT_MIN_CONFIDENCE
 from ..engine import prepare
 from ..models.quant import QUANT_MODES
-from ..theory import measured_costs, predicted_speedup as predict
+from ..theory import measured_costs
+from ..theory import predicted_speedup as predict
 
 STAT_KEYS = ("tokens", "seconds", "tokens_per_s")
 OWN_KEYS = STAT_KEYS + ("prefill_s", "decode_tokens_per_s")

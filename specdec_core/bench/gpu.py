@@ -16,12 +16,15 @@ shapes) and each way of running decoding steps (--graphs: off, or compiled with 
   and at the acceptance rates the bundled pair really had per prompt (--acceptance-from: a CPU
   bench JSON);
 - the app's race (both decoders taking turns on one target) at the middle a asked for, against the
-  same decoders run alone: the race must show the same ratio.
+  same decoders run alone: the race must show the same ratio;
+- each with transformers' SDPA attention and with grouped attention (--attention), which reads the
+  key and value heads as they are instead of repeating them over the static cache.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import statistics
 import tempfile
@@ -32,6 +35,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from .. import SpecConfig, autoregressive_generate, generate, load_pair, speculative_generate, summarize
 from ..models import enable_graphs, make_pair, pick_device
+from ..models.attention import GROUPED
 from ..models.load import pass_ms
 from ..models.tiny import tiny_models, tiny_tokenizer
 from ..theory import expected_speedup
@@ -100,11 +104,13 @@ def race_rates(pair, prompt, cfg, judge) -> dict:
     return {name: summarize(e).decode_tokens_per_s for name, e in events.items()}
 
 
-def measure(pair, args, graphs: str, accepts: dict[str, float], race_at: str) -> dict:
+def measure(pair, args, graphs: str, attention: str, accepts: dict[str, float], race_at: str) -> dict:
     pair.steps.clear()
+    for model in (pair.target, pair.draft):
+        model.set_attn_implementation(GROUPED if attention == "grouped" else "sdpa")
     t0 = time.perf_counter()
     if graphs != "off":
-        enable_graphs(pair, graphs, max_len=args.context + args.max_new_tokens + 96)
+        enable_graphs(pair, graphs, max_len=args.context + args.max_new_tokens + 96, attention=attention)
     step = pass_ms(pair, "target", args.context, 1)
     draft_step = pass_ms(pair, "draft", args.context, 1)
     passes = {n: pass_ms(pair, "target", args.context, n) / step for n in PASS_SIZES}
@@ -155,20 +161,21 @@ def local_dir_check(device) -> dict:
 
 
 def table(report: dict) -> str:
-    rows = [f"{'shape':<6}{'graphs':<10}{'step ms':>8}{'c':>6}{'BW %':>6}{'5-pass':>7}{'17-pass':>8}{'65-pass':>8}"
+    rows = [f"{'shape':<6}{'graphs':<19}{'step ms':>8}{'c':>6}{'BW %':>6}{'5-pass':>7}{'17-pass':>8}{'65-pass':>8}"
             f"{'plain tok/s':>12}  simulated a: measured / predicted tok/s (speedup)"]
     for v in report["variants"]:
         if "error" in v or "skipped" in v:
-            rows.append(f"{v['shape']:<6}{v['graphs']:<10}{v.get('error') or v.get('skipped')}")
+            rows.append(f"{v['shape']:<6}{v['graphs'] + ', ' + v['attention']:<19}{v.get('error') or v.get('skipped')}")
             continue
         p = v["pass_cost_vs_step"]
         sims = "; ".join(f"{name}: {r['tokens_per_s']:.0f} / {r['predicted_tokens_per_s']:.0f} ({r['speedup']:.2f}x)"
                          for name, r in v["simulated"].items())
-        rows.append(f"{v['shape']:<6}{v['graphs']:<10}{v['target_step_ms']:>8.2f}{v['draft_cost_c']:>6.2f}"
+        rows.append(f"{v['shape']:<6}{v['graphs'] + ', ' + v['attention']:<19}"
+                    f"{v['target_step_ms']:>8.2f}{v['draft_cost_c']:>6.2f}"
                     f"{100 * v['bandwidth_share']['target']:>5.0f}%{p[5]:>7.2f}{p[17]:>8.2f}{p[65]:>8.2f}"
                     f"{v['plain_tokens_per_s']:>12.1f}  {sims}")
         r = v["race"]
-        rows.append(f"{'':<16}race at a={r['a']:g}: {r['speedup']:.2f}x (alone {r['speedup_alone']:.2f}x)")
+        rows.append(f"{'':<25}race at a={r['a']:g}: {r['speedup']:.2f}x (alone {r['speedup_alone']:.2f}x)")
     return "\n".join(rows)
 
 
@@ -178,6 +185,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--shapes", default="7b,1.5b", help=f"comma list of: {', '.join(SHAPES)}")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--graphs", default="inductor", help="comma list of: off, cudagraphs, inductor (eager: tests)")
+    ap.add_argument("--attention", default="sdpa,grouped",
+                    help="comma list of: sdpa (transformers'), grouped (key/value heads not repeated over the cache)")
     ap.add_argument("--k", type=int, default=4, help="drafts per round in the simulated runs")
     ap.add_argument("--accept", default="0.6,0.8,0.9", help="simulated acceptance rates")
     ap.add_argument("--acceptance-from", default=None, help="a CPU bench JSON: also simulate each prompt's acceptance")
@@ -213,13 +222,13 @@ def main(argv=None) -> dict:
         # a byte-level tokenizer is enough to drive random models; no EOS, so every run has the same length
         pair = dataclasses.replace(make_pair(f"random {shape}", target, draft, tiny_tokenizer(), device, dtype),
                                    eos_ids=frozenset())
-        for graphs in args.graphs.split(","):
-            entry = {"shape": shape, "graphs": graphs}
+        for graphs, attention in itertools.product(args.graphs.split(","), args.attention.split(",")):
+            entry = {"shape": shape, "graphs": graphs, "attention": attention}
             if time.perf_counter() - start > args.budget_s:
                 entry["skipped"] = "time budget"
             else:
                 try:
-                    entry.update(measure(pair, args, graphs, accepts, race_at))
+                    entry.update(measure(pair, args, graphs, attention, accepts, race_at))
                 except Exception as err:  # report it and go on with the next variant
                     entry["error"] = repr(err)[:500]
             report["variants"].append(entry)

@@ -9,6 +9,7 @@ import torch
 
 from ..cache import STEP_SIZES, StaticSteps
 from ..engine import Clock
+from .attention import GROUPED
 from .pair import Pair, Progress, check_tokenizers, make_pair, pick_device, pick_dtype
 
 
@@ -100,15 +101,21 @@ def release_freed_memory() -> None:
         pass
 
 
-def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | None = None) -> None:
+def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | None = None,
+                  attention: str = "sdpa") -> None:
     """Compile both models' decoding steps now, for the sizes a default round uses, so that the
-    first run does not stop to compile (on a 7B-shaped target on an H200: minutes)."""
+    first run does not stop to compile (on a 7B-shaped target on an H200: minutes).
+    attention: "sdpa" (transformers' own) or "grouped" (attention.grouped_attention: key and value
+    heads read as they are, not repeated over the static cache)."""
     progress = progress or (lambda f, m: None)
+    if attention not in ("sdpa", "grouped"):
+        raise ValueError(f"attention must be sdpa or grouped, got {attention!r}")
 
     # a default round scores up to DEFAULT_K + 1 tokens (padded to 32); a draft step feeds one or two
     for role, model, sizes in (("target", pair.target, STEP_SIZES), ("draft", pair.draft, STEP_SIZES[:2])):
         if model is None:
             continue
+        model.set_attn_implementation(GROUPED if attention == "grouped" else "sdpa")
         pair.steps[role] = StaticSteps(model, max_len, backend)
         lm = pair.cached(role)
         lm.prefill([0] * 8)

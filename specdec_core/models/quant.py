@@ -27,6 +27,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from .attention import FLOAT64
+
 
 def channel_scales(w: torch.Tensor) -> torch.Tensor:
     """One int8 scale per output channel (row) of a float32 weight."""
@@ -256,27 +258,8 @@ def quantise_target(model: nn.Module, saved: Path | None = None, source: str = "
     logits by more than 1; in float64 they are some 1e-16 and stay below every rounding step.
     saved/source as in cheapen_draft."""
     quantise(model, lambda name, mod, kept: TokenInt8Linear(mod, kept), saved, f"{source}\ntoken-int8")
-    model.set_attn_implementation(FLOAT64_ATTENTION)
+    model.set_attn_implementation(FLOAT64)
     return model.float()
-
-
-def float64_attention(module, query, key, value, attention_mask, **kwargs):
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    out, weights = sdpa_attention_forward(module, query.double(), key.double(), value.double(), attention_mask, **kwargs)
-    return out.to(query.dtype), weights
-
-
-def _register_float64_attention() -> str:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register("specdec_float64", float64_attention)
-    AttentionMaskInterface.register("specdec_float64", sdpa_mask)
-    return "specdec_float64"
-
-
-FLOAT64_ATTENTION = _register_float64_attention()
 
 
 def quantise(model: nn.Module, make, saved: Path | None, source: str) -> None:

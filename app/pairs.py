@@ -137,7 +137,7 @@ class PairManager:
         """Whether drafting pays on this GPU, from the draft's and the verify pass's costs timed here."""
         costs = probe_costs(pair)
         gain = expected_speedup(a, costs["k"], costs["c"], costs["v"])
-        pair.info["costs"] = {**costs, "expected_speedup_at_0.8": gain}
+        pair.info["costs"] = costs
         words = (f" Timed here: a draft step costs {costs['c']:.2f} of a target step, so at acceptance {a} the "
                  f"cost model expects {gain:.2f}× (K={costs['k']}).")
         if gain < 1.2:

@@ -59,6 +59,16 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, r / torch.where(total > 0, total, 1.0), p)
 
 
+def accepted_prefix(kept: torch.Tensor, size: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """From the per-token verdicts [k] (True = accepted): the accepted prefix's length and whether a
+    drafted token was rejected, as device scalars; only the first `size` tokens count (all if None)."""
+    k = kept.numel()
+    if size is not None:
+        kept = kept & (torch.arange(k, device=kept.device) < size)
+    n = kept.long().cumprod(0).sum() if k else torch.zeros((), dtype=torch.long, device=kept.device)
+    return n, n < (k if size is None else size)
+
+
 def decide(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
            generator: torch.Generator | None = None, size: torch.Tensor | None = None) -> Decision:
     """draft_tokens [k]; q [k, V] (None for a deterministic drafter); p [k+1, V] target probs.
@@ -71,17 +81,13 @@ def decide(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
     rows = torch.arange(k, device=p.device)
     accept = accept_probabilities(p[rows, draft_tokens], q[rows, draft_tokens])
     uniforms = torch.rand(k, generator=generator, device=p.device)
-    kept = uniforms < accept
-    if size is not None:
-        kept &= rows < size
-    n = kept.int().cumprod(0).sum() if k else torch.zeros((), dtype=torch.long, device=p.device)
-    rejected = n < (k if size is None else size)
+    n, rejected = accepted_prefix(uniforms < accept, size)
     # at a rejection the token comes from the residual at row n; after a full acceptance, from p there
-    at = n.view(1).long()  # a row picked by a device index: no read back to the host
+    at = n.view(1)  # a row picked by a device index: no read back to the host
     p_n, q_n = p.index_select(0, at)[0], torch.cat([q, q.new_zeros(1, q.shape[-1])]).index_select(0, at)[0]
     dist = torch.where(rejected, residual_distribution(p_n, q_n), p_n)
     token = torch.multinomial(dist, 1, generator=generator)[0]
-    return Decision(n.long(), token, accept, uniforms, rejected, dist)
+    return Decision(n, token, accept, uniforms, rejected, dist)
 
 
 def verify(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,

@@ -39,7 +39,7 @@ from ..models.attention import GROUPED
 from ..models.load import pass_ms
 from ..models.tiny import tiny_models, tiny_tokenizer
 from ..theory import expected_speedup
-from ..verify import Decision
+from ..verify import Decision, accepted_prefix
 
 SHAPES = {  # (hidden, intermediate, layers, heads, kv heads, vocab rows), target then draft
     "7b": ((3584, 18944, 28, 28, 4, 152064), (896, 4864, 24, 14, 2, 151936)),
@@ -67,15 +67,10 @@ def simulated(a: float):
     target's token after them is its own argmax. For costs only: the output is not the target's."""
     def judge(x, q, p, generator=None, size=None):
         k = x.numel()
-        rows = torch.arange(k, device=p.device)
         uniforms = torch.rand(k, generator=generator, device=p.device)
-        kept = uniforms < a
-        if size is not None:
-            kept &= rows < size
-        n = kept.int().cumprod(0).sum().long() if k else torch.zeros((), dtype=torch.long, device=p.device)
+        n, rejected = accepted_prefix(uniforms < a, size)
         dist = p.index_select(0, n.view(1))[0]
-        return Decision(n, dist.argmax(), torch.full((k,), a, device=p.device), uniforms,
-                        n < (k if size is None else size), dist)
+        return Decision(n, dist.argmax(), torch.full((k,), a, device=p.device), uniforms, rejected, dist)
     return judge
 
 

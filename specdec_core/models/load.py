@@ -56,7 +56,8 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     cpu_bf16 = dev.type == "cpu" and dt == torch.bfloat16
     saved = lambda role, name: (folders[role] / name, (folders[role] / MANIFEST).read_text()) if folders else (None, "")
     if pair.draft is not None and (draft_quant is True or (draft_quant == "auto" and dev.type == "cpu")):
-        cheapen_draft(pair.draft, True, 0, quant_mode, *saved("draft", f"draft-{quant_mode}.safetensors"))
+        path, source = saved("draft", f"draft-{quant_mode}.safetensors")
+        cheapen_draft(pair.draft, mode=quant_mode, saved=path, source=source)
         pair.info["draft_quant"] = quant_label(pair.draft, quant_mode)
     pair.info["target_weights"] = str(dt).replace("torch.", "")
     if target_quant == "int8":

@@ -54,6 +54,38 @@ class StaticSteps:
             layer.cumulative_length.fill_(length)
 
 
+class TreeInput:
+    """Tokens fed as nodes of a tree: each sees the cache before the tree and its own ancestors.
+
+    `parents[i]`: the index of node i's parent among the tree's nodes (-1: it follows the cache directly);
+    `fed`: how many of the tree's earlier nodes already sit in the cache (the last `fed` entries), fed
+    by earlier calls, so a tree can be grown a level at a time. Parents come before their children.
+    """
+
+    def __init__(self, parents: list[int], fed: int = 0):
+        self.parents, self.fed = list(parents), fed
+        self.depth = []
+        for p in self.parents:
+            self.depth.append(0 if p < 0 else self.depth[p] + 1)
+
+    def model_inputs(self, length: int, attention: str, device, width: int | None = None) -> dict:
+        """Position ids and the attention mask for the unfed nodes, after `length` cached entries;
+        `width`: the mask's number of key positions (a static cache's size), length + nodes by default."""
+        n, m = len(self.parents) - self.fed, len(self.parents)
+        base = length - self.fed  # where the tree's first node sits
+        sees = torch.eye(m, dtype=torch.bool)
+        for i, p in enumerate(self.parents):
+            if p >= 0:
+                sees[i] |= sees[p]
+        mask = torch.zeros(n, width or length + n, dtype=torch.bool)
+        mask[:, :base] = True
+        mask[:, base:length + n] = sees[self.fed:]
+        positions = torch.tensor([base + d for d in self.depth[self.fed:]])
+        if attention == "eager":  # eager attention adds its mask; the SDPA family takes booleans
+            mask = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+        return {"attention_mask": mask[None, None].to(device), "position_ids": positions[None].to(device)}
+
+
 class CachedModel:
     """Position-indexed state: the cache holds exactly the first `length` committed tokens.
 
@@ -79,15 +111,21 @@ class CachedModel:
         self.length = 0
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, keep: int, step: bool = True) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, keep: int, step: bool = True, tree: TreeInput | None = None) -> torch.Tensor:
         """Append `ids` to the cache; return the logits of the last `keep` positions, [keep, vocab].
-        `step`: a decoding step (compiled, when the model has StaticSteps), not a prompt."""
+        `step`: a decoding step (compiled, when the model has StaticSteps), not a prompt.
+        `tree`: the tokens are nodes of a token tree (positions and visibility from it), not a sequence."""
         n = ids.numel()
         ids = ids.view(1, -1).to(self.device)
         if self.static and self.length + n + STEP_SIZES[-1] > self.static.max_len:
             raise ValueError(f"The sequence would exceed the static cache of {self.static.max_len} positions.")
         logits = None
-        if self.static and self.static.step and step and n <= STEP_SIZES[-1]:
+        if tree is not None:
+            out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep,
+                             **tree.model_inputs(self.length, self.model.config._attn_implementation, self.device,
+                                                 self.static.max_len if self.static else None))
+            logits = out.logits[0]
+        elif self.static and self.static.step and step and n <= STEP_SIZES[-1]:
             logits = self._compiled_step(ids, keep)
         if logits is None:
             out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
@@ -123,6 +161,18 @@ class CachedModel:
             ids = ids[len(head.ids):]
         if ids:
             self.forward(torch.tensor(ids, device=self.device), keep=1, step=False)
+
+    @torch.inference_mode()
+    def compact(self, start: int, kept: list[int]) -> None:
+        """Keep, of the entries from `start` on, those at offsets `kept` (increasing), moved to start,
+        start + 1, ...: a token tree's accepted path, its other branches dropped."""
+        if kept != list(range(len(kept))):
+            src = torch.tensor([start + i for i in kept], device=self.device)
+            for layer in self.cache.layers:
+                for name in ("keys", "values"):
+                    t = getattr(layer, name)
+                    t[:, :, start:start + len(kept)] = t.index_select(2, src.to(t.device))
+        self.crop(start + len(kept))
 
     def crop(self, length: int) -> None:
         if length < self.length:

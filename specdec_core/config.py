@@ -6,6 +6,7 @@ from dataclasses import dataclass, fields
 
 # Caps shared by the engine, the app and the API. They bound the work one request can ask for.
 MAX_K = 16
+MAX_TREE_NODES = 64
 MAX_NEW_TOKENS = 1024
 MAX_TEMPERATURE = 2.0
 MAX_PROMPT_CHARS = 20_000
@@ -27,6 +28,7 @@ class SpecConfig:
     adaptive: bool = False  # grow K after a fully accepted round, shrink it after a rejection
     min_confidence: float = 0.0  # stop a draft once the product of its top probabilities falls below this; 0 = off
     record_top: int = 0  # top-n probabilities kept per position in events (the app's inspector asks for 5); 0 = none
+    tree_nodes: int = 0  # draft a token tree of up to this many nodes (depth up to k) instead of a chain; 0 = a chain
 
     def __post_init__(self):
         for f in fields(self):
@@ -56,6 +58,8 @@ class SpecConfig:
             raise ValueError(f"seed must be between 0 and 2**63-1, got {self.seed}")
         if not 0.0 <= self.min_confidence < 1.0:
             raise ValueError(f"min_confidence must be in [0, 1), got {self.min_confidence}")
+        if not 0 <= self.tree_nodes <= MAX_TREE_NODES:
+            raise ValueError(f"tree_nodes must be between 0 (a chain) and {MAX_TREE_NODES}, got {self.tree_nodes}")
         if self.record_top < 0:
             raise ValueError(f"record_top must be >= 0, got {self.record_top}")
 

@@ -5,8 +5,9 @@ Interface (three methods):
   start(ids)                      prefill with the prompt
   propose(ids, k, cfg, generator) -> Draft: up to k tokens, and the distributions q they were
                                    sampled from (None for a deterministic drafter: q is a point mass);
-                                   on a GPU the tokens stay on the device, and so may the draft's length
-  commit(n_ids)                   the round committed tokens; the sequence now has n_ids tokens
+                                   on a GPU the tokens stay on the device, and so may the draft's length;
+                                   with cfg.tree_nodes, the model drafter proposes a tree (Draft.parents)
+  commit(ids)                     the round committed tokens; `ids` is the whole sequence now
 """
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .cache import CachedModel
+from .cache import CachedModel, TreeInput
 from .sampling import sample, warp
+from .theory import PassCosts, tree_size
 
+TREE_WIDTH = 4  # a tree node's children, and the nodes expanded per level
 
 @dataclass
 class Draft:
@@ -27,9 +30,20 @@ class Draft:
     logits: torch.Tensor | None = None  # [k', V] raw draft logits, kept only for display (cfg.record_top)
     size: torch.Tensor | None = None  # () on the device: only the first `size` tokens are the draft (None: all)
     failed: torch.Tensor | None = None  # () bool on the device: the draft produced NaN or +inf logits
+    parents: list[int] | None = None  # a tree: each node's parent (-1: the last committed token); None: a chain
+    expected: float = 0.0  # a tree: the draft's own estimate of the tokens the target will accept
 
     def __len__(self) -> int:
         return self.tokens.numel()
+
+
+def without(q: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    """q with `tokens` removed and renormalised: the distribution of a draw made after them without replacement."""
+    if not tokens:
+        return q
+    q = q.clone()
+    q[tokens] = 0.0
+    return q / q.sum()
 
 
 class NoDrafter:
@@ -43,7 +57,7 @@ class NoDrafter:
     def propose(self, ids, k, cfg, generator):
         return Draft(torch.empty(0, dtype=torch.long), None)
 
-    def commit(self, n_ids):
+    def commit(self, ids):
         pass
 
 
@@ -58,15 +72,21 @@ class ModelDrafter:
 
     name = "model"
 
-    def __init__(self, lm: CachedModel, cut_on_device: bool | None = None):
+    def __init__(self, lm: CachedModel, cut_on_device: bool | None = None, width: int = TREE_WIDTH,
+                 pass_cost: PassCosts | None = None):
         self.lm = lm
         self.cut_on_device = lm.device.type != "cpu" if cut_on_device is None else cut_on_device
+        self.width, self.pass_cost = width, pass_cost  # sizes trees by measured costs (None: the node budget)
+        self.tree = None  # after a tree round: (where its nodes start in the cache, [(token, parent, slot)] fed)
 
     def start(self, ids):
         self.lm.reset()
         self.lm.prefill(ids[:-1])
+        self.tree = None
 
     def propose(self, ids, k, cfg, generator):
+        if cfg.tree_nodes and k:
+            return self.propose_tree(ids, k, cfg, generator)
         # The cache holds ids[:length]; feed the rest. After a fully accepted round that is two
         # tokens (the last drafted token, never fed, and the target's bonus token).
         x = torch.tensor(ids[self.lm.length:], device=self.lm.device)
@@ -96,11 +116,93 @@ class ModelDrafter:
         shown = torch.stack(raw) if cfg.record_top else None  # the inspector's greedy view only
         return Draft(torch.cat(tokens), torch.stack(qs), shown, size, torch.stack(failed).any())
 
-    def commit(self, n_ids):
+    def commit(self, ids):
         # keep only the committed prefix; the newest committed token is fed next round
-        self.lm.crop(n_ids - 1)
+        if self.tree:  # a tree round: keep the drafted nodes the committed tokens walk through
+            base, nodes = self.tree
+            kept, at = [], -1
+            for token in ids[base:]:
+                at = next((i for i, (t, parent, _) in enumerate(nodes) if parent == at and t == token), None)
+                if at is None:
+                    break
+                kept.append(nodes[at][2])
+            self.lm.compact(base, kept)
+            self.tree = None
+        self.lm.crop(len(ids) - 1)
         self.lm.check()
 
+
+    def propose_tree(self, ids, k, cfg, generator) -> Draft:
+        """A tree of up to cfg.tree_nodes nodes and depth k, grown a level at a time (EAGLE-2's scheme).
+
+        Each expanded node offers its `width` likeliest children (greedy) or `width` children sampled
+        without replacement (Gumbel top-k, in the order drawn). A node's rank is its path probability
+        under the draft, with the j-th child counted at the j-th largest probability. Of each new level,
+        the `width` best nodes are fed to the draft together, in one forward with a tree mask, to draw
+        the next level; growth stops early where even the best of them falls below cfg.min_confidence.
+        Then the best nodes are kept, as many as pay for their rows: n nodes are worth 1 + (the sum of
+        their ranks) expected tokens, the draft's own estimate, for a target pass of n + 1 tokens, whose
+        cost `pass_cost` says. A node never ranks above its parent or an earlier sibling, so the kept
+        nodes form a tree whose siblings are the first ones drawn, as verify.decide_tree requires. The
+        levels' choices are read on the host (free on a CPU).
+        """
+        dev = self.lm.device
+        logits = self.lm.forward(torch.tensor(ids[self.lm.length:], device=dev), keep=1)[0]
+        base = self.lm.length
+        nodes = []  # [token, parent, rank, row of its parent's q in qs, index among its siblings]
+        qs, raw, failed, fed, frontier, forwards = [], [], [], [], [(-1, logits)], 1
+        for depth in range(k):
+            level = []
+            for parent, lg in frontier:
+                q, bad = warp(lg, cfg.temperature, cfg.top_k, cfg.top_p)
+                own = torch.softmax(lg.float(), -1)  # the draft's probabilities rank nodes (a greedy q is one-hot)
+                qs.append(q)
+                raw.append(lg)
+                failed.append(bad)
+                ranked = own if cfg.greedy else q
+                width = min(self.width, int((ranked > 0).sum()))
+                if cfg.greedy:
+                    picks = torch.topk(own, width).indices
+                else:  # Gumbel top-k: `width` draws without replacement, in the order drawn
+                    u = torch.rand(q.shape, generator=generator, device=q.device).clamp_(min=1e-20)
+                    picks = torch.topk(torch.where(q > 0, q.log() - (-u.log()).log(), float("-inf")), width).indices
+                # a child's rank: its parent's times the j-th largest probability, not the drawn token's own, so
+                # whether a sampled child is kept never depends on what was drawn there (that would bias it)
+                top = torch.topk(ranked, width).values.tolist()
+                for j, (token, p) in enumerate(zip(picks.tolist(), top)):
+                    nodes.append([token, parent, (1.0 if parent < 0 else nodes[parent][2]) * p, len(qs) - 1, j])
+                    level.append(len(nodes) - 1)
+            best = sorted(level, key=lambda i: (-nodes[i][2], i))[: self.width]
+            leader = nodes[best[0]][2]  # no node below it can rank higher than it
+            last_kept = sorted((n[2] for n in nodes), reverse=True)[cfg.tree_nodes - 1:][:1]
+            if depth == k - 1 or leader < cfg.min_confidence or (last_kept and leader <= last_kept[0]):
+                break
+            best.sort()  # parents before children, as TreeInput wants
+            index = {node: j for j, node in enumerate(fed)}
+            parents = [index.get(nodes[n][1], -1) for n in fed + best]
+            out = self.lm.forward(torch.tensor([nodes[i][0] for i in best], device=dev), keep=len(best),
+                                  tree=TreeInput(parents, fed=len(fed)))
+            fed += best
+            forwards += 1
+            frontier = list(zip(best, out))
+        order = sorted(range(len(nodes)), key=lambda i: (-nodes[i][2], i))[: cfg.tree_nodes]
+        n = tree_size([nodes[i][2] for i in order], self.pass_cost, forwards)
+        keep = sorted(order[:n])  # every prefix of `order` is a tree: parents and earlier siblings come first
+        self.tree = (base, [(nodes[i][0], nodes[i][1], slot) for slot, i in enumerate(fed)])
+        renumber = {old: new for new, old in enumerate(keep)}
+        tokens = torch.tensor([nodes[i][0] for i in keep], device=dev)
+        parents = [renumber.get(nodes[i][1], -1) for i in keep]
+        q = None
+        if not cfg.greedy:  # each node's q: its parent's, without the siblings drawn before it, renormalised
+            rows = []
+            for i in keep:
+                token, parent, _, row, j = nodes[i]
+                earlier = [n[0] for n in nodes if n[1] == parent and n[3] == row and n[4] < j]
+                rows.append(without(qs[row], earlier))
+            q = torch.stack(rows)
+        shown = torch.stack([raw[nodes[i][3]] for i in keep]) if cfg.record_top else None
+        return Draft(tokens, q, shown, None, torch.stack(failed).any(), parents,
+                     sum(nodes[i][2] for i in keep))
 
 class PromptLookupDrafter:
     """No model: find the latest earlier occurrence of the last n tokens and propose what followed.
@@ -128,7 +230,7 @@ class PromptLookupDrafter:
                 break
         return Draft(torch.tensor(found[:k], dtype=torch.long), None)
 
-    def commit(self, n_ids):
+    def commit(self, ids):
         pass
 
 
@@ -159,13 +261,13 @@ class HybridDrafter:
                 return copied
         return self.model.propose(ids, k, cfg, generator)
 
-    def commit(self, n_ids):
+    def commit(self, ids):
         if self.copied:
             length, k = self.copied
-            if n_ids - length - 1 < k / 2:  # fewer than half of the copied tokens accepted
+            if len(ids) - length - 1 < k / 2:  # fewer than half of the copied tokens accepted
                 self.paused = self.pause
             self.copied = None
-        self.model.commit(n_ids)
+        self.model.commit(ids)
 
 
 class EarlyExitDrafter(ModelDrafter):

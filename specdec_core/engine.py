@@ -17,7 +17,8 @@ from .drafters import Draft, EarlyExitDrafter, HybridDrafter, ModelDrafter, NoDr
 from .events import Result, RoundEvent, summarize
 from .sampling import NON_FINITE, NonFiniteLogitsError, warp
 from .text import encode_prompt
-from .verify import decide
+from .cache import TreeInput
+from .verify import decide, decide_tree
 
 
 class Clock:
@@ -130,30 +131,36 @@ def decode(pair, prompt_ids: list[int], cfg: SpecConfig, drafter, method: str, j
         draft: Draft = drafter.propose(ids, k_round, cfg, gen)
         t1 = clock.mark()
         # 2) verify: the target scores [last, x_1..x_k] in ONE pass -> p for k+1 positions
+        #    (a tree: every node in that one pass, each seeing only its ancestors)
         x = draft.tokens.to(target.device)
         q = None if draft.q is None else draft.q.to(target.device)
-        logits = target.forward(torch.cat([torch.tensor(ids[-1:], device=target.device), x]), keep=len(draft) + 1)
+        tree = None if draft.parents is None else TreeInput([-1] + [parent + 1 for parent in draft.parents])
+        logits = target.forward(torch.cat([torch.tensor(ids[-1:], device=target.device), x]), keep=len(draft) + 1,
+                                tree=tree)
         p, failed = warp(logits, cfg.temperature, cfg.top_k, cfg.top_p)
-        d = judge(x, q, p, gen, draft.size)
+        d = judge(x, q, p, gen, draft.size) if tree is None else decide_tree(x, draft.parents, q, p, gen)
         # 3) the round's one read from the device: the decision, and what the event records
         r = read_round(x, q, p, d, failed if draft.failed is None else failed | draft.failed.to(failed.device),
                        draft.size, logits, draft.logits, cfg)
         t2 = clock.mark()
         if r.failed:
             raise NonFiniteLogitsError(NON_FINITE)
-        # 4) commit the accepted prefix and the target's token; stop at EOS or the length cap
-        new = r.drafted[: r.accepted] + [r.token]
+        # 4) commit the accepted prefix (a tree: path) and the target's token; stop at EOS or the length cap
+        new = [r.drafted[i] for i in r.path] + [r.token]
         eos_at = next((i for i, t in enumerate(new) if t in pair.eos_ids), None)
         if eos_at is not None:
             new = new[: eos_at + 1]
+        root = len(ids)  # where the round's first drafted token sits in the target's cache
         ids.extend(new)
         n_gen = len(ids) - n_prompt
         finish = "eos" if eos_at is not None else "length" if n_gen >= cfg.max_new_tokens else None
+        if tree is not None:  # keep the path's keys and values, drop the other branches'
+            target.compact(root, r.path)
         target.crop(len(ids) - 1)
-        drafter.commit(len(ids))
+        drafter.commit(ids)
         target.check()
         assert target.length == len(ids) - 1 and n_gen <= cfg.max_new_tokens
-        if cfg.adaptive and r.drafted:  # grow after a full acceptance, shrink after a rejection
+        if cfg.adaptive and r.drafted and tree is None:  # grow after a full acceptance, shrink after a rejection
             k = min(k + 1, MAX_K) if r.accepted == len(r.drafted) else max(1, k - 1)
         draft_s, verify_s = clock.between(t0, t1), clock.between(t1, t2)
         round_s = clock.lap()
@@ -163,6 +170,7 @@ def decode(pair, prompt_ids: list[int], cfg: SpecConfig, drafter, method: str, j
             token_kind="target" if method == "autoregressive" else "replacement" if r.rejected else "bonus",
             p_drafted=r.p_drafted, q_drafted=r.q_drafted, accept_probs=r.accept_probs, uniforms=r.uniforms,
             p_token=r.p_token, target_top=r.target_top, draft_top=r.draft_top, residual_top=r.residual_top,
+            parents=draft.parents, path=r.path if tree is not None else None, expected=draft.expected,
             prefill_s=prefill_s if rnd == 1 else 0.0, draft_s=draft_s, verify_s=verify_s,
             overhead_s=max(round_s - draft_s - verify_s, 0.0), elapsed_s=clock.elapsed,
             n_generated=n_gen, finished=finish is not None, finish_reason=finish)
@@ -187,6 +195,7 @@ class Read:
     target_top: list = field(default_factory=list)
     draft_top: list = field(default_factory=list)
     residual_top: list | None = None
+    path: list[int] = field(default_factory=list)  # the accepted nodes: a chain's first `accepted`, a tree's path
 
 
 def read_round(x, q, p, d, failed, size, logits, draft_logits, cfg: SpecConfig) -> Read:
@@ -202,7 +211,10 @@ def read_round(x, q, p, d, failed, size, logits, draft_logits, cfg: SpecConfig) 
     p_token = d.dist.gather(0, d.token.view(1))[0]
     drafted = torch.tensor(float(k), device=p.device) if size is None else size.float()
     head = torch.stack([failed.float(), d.n_accepted.float(), d.token.float(), d.rejected.float(), p_token, drafted])
-    parts = [head, x.float(), p[rows, x], q_x, d.accept_probs, d.uniforms]
+    on_path = getattr(d, "on_path", None)
+    parts = [head, x.float(), p[rows, x] if on_path is None else d.p_x, q_x, d.accept_probs, d.uniforms]
+    if on_path is not None:
+        parts.append(on_path.float())
     tops = []
     if n_top:
         shown_p = torch.softmax(logits.float(), -1) if cfg.greedy else p
@@ -223,6 +235,7 @@ def read_round(x, q, p, d, failed, size, logits, draft_logits, cfg: SpecConfig) 
 
     columns = [take(k) for _ in range(5)]
     drafted, p_x, q_x, accept, uniforms = (c[:cut] for c in columns)
+    path = [i for i, x in enumerate(take(k)) if x] if on_path is not None else list(range(int(n)))
     tables = []
     for top in tops:
         n_rows, width = top.indices.shape
@@ -230,7 +243,7 @@ def read_round(x, q, p, d, failed, size, logits, draft_logits, cfg: SpecConfig) 
         tables.append([[(int(i), v) for i, v in zip(ids[r * width:(r + 1) * width], vals[r * width:(r + 1) * width])]
                        for r in range(n_rows)])
     read = Read(bool(failed_), int(n), int(token), bool(rejected), p_token, [int(t) for t in drafted], p_x, q_x,
-                accept, uniforms)
+                accept, uniforms, path=path)
     if n_top:
         read.target_top = tables[0][: cut + 1]
         read.draft_top = tables[1][:cut] if q is not None else []

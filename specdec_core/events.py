@@ -37,6 +37,21 @@ class RoundEvent:
     n_generated: int  # tokens generated so far
     finished: bool = False
     finish_reason: str | None = None  # "eos" | "length"
+    # a tree round: `drafted` holds its nodes, parents first; p_drafted[i] is p(x_i) as judged (after earlier
+    # siblings' rejections, their residual's); the rows of target_top are the root's (0) and each node's (i + 1)
+    parents: list[int] | None = None  # node i's parent (-1: the last committed token); None: a chain
+    path: list[int] | None = None  # the accepted nodes, root to leaf; a chain's are its first `accepted`
+    expected: float = 0.0  # a tree: the tokens the draft expected the target to accept (sum of path probabilities)
+
+    @property
+    def depth(self) -> int:
+        """How deep the draft went: a chain's length, a tree's deepest node."""
+        if self.parents is None:
+            return len(self.drafted)
+        depths = []
+        for parent in self.parents:
+            depths.append(1 if parent < 0 else depths[parent] + 1)
+        return max(depths, default=0)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -81,11 +96,11 @@ def summarize(events: list[RoundEvent]) -> Stats:
     if not events:
         return Stats(method="", drafter="")
     s = Stats(method=events[0].method, drafter=events[0].drafter)
-    max_k = max(len(e.drafted) for e in events)
+    max_k = max(max(len(e.drafted), e.depth) for e in events)
     hist, reached, acc = [0] * (max_k + 1), [0] * max_k, [0] * max_k  # per draft position
     for e in events:
         hist[e.accepted] += 1
-        for i in range(min(e.accepted + 1, len(e.drafted))):  # positions the target actually judged
+        for i in range(min(e.accepted + 1, e.depth)):  # positions (a tree's depths) the target actually judged
             reached[i] += 1
             acc[i] += i < e.accepted
         s.drafted += len(e.drafted)

@@ -8,6 +8,8 @@ v: cost of the target's (k+1)-token verification pass relative to a one-token st
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 def expected_tokens_per_round(a: float, k: int) -> float:
     """(1 - a^(k+1)) / (1 - a): accepted tokens plus the target's own token."""
@@ -43,3 +45,32 @@ def measured_costs(ar, spec) -> tuple[float, float, float]:
 def verify_cost_at(v: float, k_measured: float, k: int) -> float:
     """The verify pass's relative cost at another k, assuming it grows linearly with the tokens scored."""
     return 1.0 + (v - 1.0) * k / max(k_measured, 1)
+
+
+@dataclass
+class PassCosts:
+    """Measured on the running device, relative to a one-token target step: a target pass of n tokens
+    (`sizes`: n -> cost, linear between the sizes measured and past the last) and one draft forward."""
+    sizes: dict[int, float]
+    draft: float = 0.0
+
+    def verify(self, n: int) -> float:
+        points = sorted(self.sizes.items())
+        (n0, c0), (n1, c1) = next(((a, b) for a, b in zip(points, points[1:]) if n <= b[0]), points[-2:])
+        return c0 + (c1 - c0) * (n - n0) / (n1 - n0)
+
+
+def expected_tree_tokens(path_probs: list[float]) -> float:
+    """Tokens a tree round is expected to commit: 1 (the target's own) + the probability that each node is
+    accepted, its path probability if the draft's probabilities were the target's (EAGLE-2's estimate)."""
+    return 1.0 + sum(path_probs)
+
+
+def tree_size(ranked: list[float], costs: PassCosts | None, forwards: int = 1) -> int:
+    """How many of the nodes, best first (`ranked`: their path probabilities), to verify: the count that
+    maximises expected tokens over the round's cost (`forwards` draft forwards and a pass of n + 1 tokens).
+    Without measured costs, all of them."""
+    if costs is None or len(costs.sizes) < 2:
+        return len(ranked)
+    value = lambda n: expected_tree_tokens(ranked[:n]) / (forwards * costs.draft + costs.verify(n + 1))
+    return max(range(len(ranked) + 1), key=value)

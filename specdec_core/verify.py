@@ -9,6 +9,23 @@ distribution, whatever q is, provided q is the distribution x was actually sampl
 
 `decide` does all of it on the device, with no value read back to the host, so a GPU never waits
 for the CPU in the middle of a round; `verify` is the same decision read back as Python numbers.
+
+**Trees** (`decide_tree`). A node may have several children: candidates for the same position. They
+are judged one after another, each against what the earlier ones left (recursive rejection sampling,
+as in SpecInfer's multi-step speculative sampling, Miao et al. 2024, and in Yang et al. 2024's
+multi-candidate speculative decoding). At a node whose target distribution is p:
+  child 1, x_1 drawn from q_1, is accepted with probability min(1, p(x_1) / q_1(x_1));
+  if not, p becomes the residual norm(max(0, p - q_1)) and child 2 is judged against it with its q_2;
+  and so on; if every child is rejected (or the node has none) the token is sampled from what p is then.
+Each stage is one ordinary speculative-sampling step whose target is the previous stage's residual,
+so (Leviathan et al.'s argument, by induction from the last child back) a node emits a token
+distributed exactly as p, and the path descends into the accepted child, whose own p is the target's
+distribution given that prefix. The one requirement: q_i is the distribution x_i was drawn from *given
+the earlier siblings*. Children drawn without replacement (Gumbel top-k) carry q with the earlier
+siblings removed and renormalised; deterministic children (greedy drafts) carry a point mass, for
+which the rule accepts x_i when it is the target's argmax and otherwise passes p on unchanged (p(x_i)
+is 0 then), so greedy output is the target's own token for token. A chain is the tree whose nodes
+each have one child, and there `decide_tree` makes the same draws and the same choices as `decide`.
 """
 from __future__ import annotations
 
@@ -95,3 +112,51 @@ def verify(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
     """`decide`, read back: the accepted length and the token as ints, the residual when there was one."""
     d = decide(draft_tokens, q, p, generator)
     return Verdict(int(d.n_accepted), int(d.token), d.accept_probs, d.uniforms, d.dist if bool(d.rejected) else None)
+
+
+@dataclass
+class TreeDecision(Decision):
+    on_path: torch.Tensor = None  # [n] bool: the node is on the accepted path
+    p_x: torch.Tensor = None  # [n] p(x_i) as judged: after earlier siblings were rejected, their residual's
+
+
+def decide_tree(tokens: torch.Tensor, parents: list[int], q: torch.Tensor | None, p: torch.Tensor,
+                generator: torch.Generator | None = None) -> TreeDecision:
+    """tokens [n] the tree's nodes, parents before children, siblings in the order they were drawn;
+    parents[i]: node i's parent (-1: the root, the last committed token); q [n, V]: the distribution
+    each node was drawn from given its earlier siblings (None: point masses); p [n+1, V]: the target's
+    distribution after the root (row 0) and after each node (row i+1). The structure is host data; every
+    value stays on the device, read back with the rest of the round."""
+    n, device = tokens.numel(), p.device
+    assert p.shape[0] == n + 1, f"p must have n+1={n + 1} rows, got {p.shape[0]}"
+    if q is None:
+        q = point_mass(tokens, p.shape[-1])
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(parents):
+        assert parent < i, "a node's parent must come before it"
+        children.setdefault(parent + 1, []).append(i)
+    uniforms = torch.rand(n, generator=generator, device=device)
+    false = torch.zeros((), dtype=torch.bool, device=device)
+    accept, p_x, hit, leftover = [None] * n, [None] * n, [false] * n, []
+    for row in range(n + 1):
+        cur, taken = p[row], false
+        for c in children.get(row, ()):
+            p_x[c] = cur[tokens[c]]
+            accept[c] = accept_probabilities(p_x[c], q[c, tokens[c]])
+            hit[c] = ~taken & (uniforms[c] < accept[c])
+            cur = torch.where(taken | hit[c], cur, residual_distribution(cur, q[c]))
+            taken = taken | hit[c]
+        leftover.append(cur)
+    on_path = []
+    for i, parent in enumerate(parents):  # a node is on the path when its parent is and it was accepted
+        on_path.append(hit[i] & (on_path[parent] if parent >= 0 else True))
+    on_path = torch.stack(on_path) if n else torch.zeros(0, dtype=torch.bool, device=device)
+    rows = torch.cat([torch.ones(1, dtype=torch.bool, device=device), on_path])
+    # the path's last node: of the rows reached, the latest (a path's nodes come in increasing order)
+    end = (rows.long() * torch.arange(n + 1, device=device)).argmax().view(1)
+    has_children = torch.tensor([row in children for row in range(n + 1)], device=device)
+    dist = torch.stack(leftover).index_select(0, end)[0]
+    token = torch.multinomial(dist, 1, generator=generator)[0]
+    accept, p_x = (torch.stack(v) if n else p.new_zeros(0) for v in (accept, p_x))
+    return TreeDecision(on_path.long().sum(), token, accept, uniforms, has_children.index_select(0, end)[0], dist,
+                        on_path, p_x)

@@ -79,8 +79,17 @@ def hybrid(pair):  # copying from a single earlier token, so that copied and dra
     return HybridDrafter(ModelDrafter(pair.cached("draft")), min_ngram=1)
 
 
+TREE = dict(CFG, tree_nodes=5)
+
+
+def narrow_tree(pair):  # two children a node: siblings that were not drawn first carry a renormalised q
+    return ModelDrafter(pair.cached("draft"), width=2)
+
+
 @pytest.mark.parametrize("cfg, drafter", [(CFG, "model"), (dict(CFG, temperature=0.7, top_p=0.9), "model"),
-                                           (CFG, "prompt-lookup"), (CFG, "early-exit"), (CFG, hybrid)])
+                                           (CFG, "prompt-lookup"), (CFG, "early-exit"), (CFG, hybrid),
+                                           (TREE, "model"), (TREE, narrow_tree), (dict(TREE, temperature=0.7, top_k=3),
+                                                                                  "model"), (TREE, "early-exit")])
 def test_speculative_samples_follow_the_target(toy_pair, cfg, drafter):
     assert p_value(toy_pair, cfg, drafter) > 1e-3
 
@@ -88,3 +97,9 @@ def test_speculative_samples_follow_the_target(toy_pair, cfg, drafter):
 def test_a_wrong_residual_is_detected(toy_pair, monkeypatch):
     monkeypatch.setattr(importlib.import_module("specdec_core.verify"), "residual_distribution", lambda p, q: p)
     assert p_value(toy_pair, CFG) < 1e-3
+
+
+def test_a_tree_rule_without_renormalised_siblings_is_detected(toy_pair, monkeypatch):
+    """Judging a later sibling against the draft's whole q, as if drawn with replacement, is a classic bug."""
+    monkeypatch.setattr(importlib.import_module("specdec_core.drafters"), "without", lambda q, tokens: q)
+    assert p_value(toy_pair, TREE, narrow_tree) < 1e-3

@@ -138,11 +138,11 @@ def test_hybrid_pauses_copying_after_a_copy_the_target_rejected(tiny):
     ids = [5, 6, 7, 8, 9, 10, 11, 12, 40, 5, 6, 7]
     hybrid.start(ids)
     assert hybrid.propose(ids, 4, SpecConfig(), None).q is None
-    hybrid.commit(len(ids) + 1)  # none of the 4 copied tokens accepted, only the target's own
+    hybrid.commit(ids + [8])  # none of the 4 copied tokens accepted, only the target's own
     ids = ids + [8]  # "8" again: a copy is possible, but the next two rounds go to the model
     for _ in range(2):
         assert hybrid.propose(ids, 4, SpecConfig(), None).q is not None
-        hybrid.commit(len(ids))
+        hybrid.commit(ids)
     assert hybrid.propose(ids, 4, SpecConfig(), None).q is None
 
 

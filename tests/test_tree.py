@@ -1,0 +1,142 @@
+"""Token trees: the one-pass tree verification, the cache kept on the accepted path, and lossless output."""
+import dataclasses
+
+import pytest
+import torch
+
+from specdec_core import SpecConfig, generate, speculative_generate
+from specdec_core.cache import TreeInput
+from specdec_core.drafters import ModelDrafter, without
+from specdec_core.theory import PassCosts, tree_size
+from specdec_core.verify import decide, decide_tree
+
+from .conftest import with_eos
+
+PROMPT = "def fib(n):"
+
+
+def test_a_chain_as_a_tree_decides_exactly_as_the_chain_rule():
+    torch.manual_seed(0)
+    for seed in range(100):
+        p, q = torch.softmax(torch.randn(5, 6) * 2, -1), torch.softmax(torch.randn(4, 6) * 2, -1)
+        x = torch.multinomial(q, 1)[:, 0]
+        a = decide(x, q, p, torch.Generator().manual_seed(seed))
+        b = decide_tree(x, [-1, 0, 1, 2], q, p, torch.Generator().manual_seed(seed))
+        assert (int(a.n_accepted), int(a.token), bool(a.rejected)) == (int(b.n_accepted), int(b.token), bool(b.rejected))
+        assert torch.equal(a.accept_probs, b.accept_probs) and b.on_path.tolist() == [i < a.n_accepted for i in range(4)]
+
+
+def emitted(p, q, first, second, u, monkeypatch):
+    """decide_tree at a root with two children (x1, then x2 drawn without replacement), with chosen uniforms."""
+    q1, q2 = q, without(q, [first])
+    monkeypatch.setattr(torch, "rand", lambda n, generator=None, device=None: torch.tensor(u))
+    return decide_tree(torch.tensor([first, second]), [-1, -1], torch.stack([q1, q2]), torch.stack([p, p, p]))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_two_candidates_emit_exactly_p(seed, monkeypatch):
+    """Summed over every ordered draw (x1, x2) and the accept/reject outcomes, the first token is p, exactly."""
+    g = torch.Generator().manual_seed(seed)
+    p, q = (torch.softmax(torch.randn(5, generator=g, dtype=torch.float64) * 2, -1) for _ in range(2))
+    total = torch.zeros(5, dtype=torch.float64)
+    for x1 in range(5):
+        for x2 in range(5):
+            if x2 == x1:
+                continue
+            weight = q[x1] * without(q, [x1])[x2]
+            rejected_both = emitted(p, q, x1, x2, [1.0, 1.0], monkeypatch)  # u = 1 rejects whatever a is
+            a1, a2 = rejected_both.accept_probs.tolist()
+            out = torch.zeros(5, dtype=torch.float64)
+            out[x1] += a1
+            out[x2] += (1 - a1) * a2
+            out += (1 - a1) * (1 - a2) * rejected_both.dist
+            total += weight * out
+    assert torch.allclose(total, p, atol=1e-12)
+
+
+def test_greedy_tree_takes_the_branch_the_target_agrees_with():
+    one = lambda i: torch.nn.functional.one_hot(torch.tensor(i), 6).float()
+    # root children 1 (wrong), 2 (right); node 2's children 3 (right), 4; the target then wants 5
+    tokens, parents = torch.tensor([1, 2, 3, 4]), [-1, -1, 1, 1]
+    p = torch.stack([one(2), one(0), one(3), one(5), one(0)])
+    d = decide_tree(tokens, parents, None, p)
+    assert d.on_path.tolist() == [False, True, True, False] and int(d.token) == 5 and not bool(d.rejected)
+
+
+def test_tree_forward_then_compact_leaves_the_cache_a_plain_pass_would(tiny):
+    lm = tiny.cached("target")
+    prefix = [5, 6, 7, 8]
+    lm.prefill(prefix)
+    # root 9 with children 10 and 11; 11 has child 12: keep the path 9 -> 11 -> 12
+    tree_logits = lm.forward(torch.tensor([9, 10, 11, 12]), keep=4, tree=TreeInput([-1, 0, 0, 2]))
+    lm.compact(len(prefix) + 1, [1, 2])
+    lm.check()
+    plain = tiny.cached("target")
+    plain.prefill(prefix)
+    chain_logits = plain.forward(torch.tensor([9, 11, 12]), keep=3)
+    assert torch.allclose(tree_logits[[0, 2, 3]], chain_logits, atol=1e-5)
+    nxt = torch.tensor([13])
+    assert torch.allclose(lm.forward(nxt, keep=1), plain.forward(nxt, keep=1), atol=1e-5)
+
+
+@pytest.mark.parametrize("width", [1, 2, 4])
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_greedy_tree_equals_autoregressive(tiny_set, width, k):
+    for draft in ("perturbed", "unrelated"):
+        pair = with_eos(tiny_set[draft], [])
+        for n, nodes in ((1, 4), (7, 1), (40, 6), (40, 24)):
+            cfg = SpecConfig(k=k, max_new_tokens=n, tree_nodes=nodes)
+            ar = generate(pair, PROMPT, cfg, "autoregressive")
+            spec = generate(pair, PROMPT, cfg, drafter=ModelDrafter(pair.cached("draft"), width=width))
+            assert spec.token_ids == ar.token_ids and len(spec.token_ids) == n, (draft, width, k, n, nodes)
+
+
+def test_a_tree_accepts_more_per_pass_than_a_chain(tiny_set):
+    pair = with_eos(tiny_set["perturbed"], [])
+    chain = generate(pair, PROMPT, SpecConfig(k=4, max_new_tokens=64))
+    tree = generate(pair, PROMPT, SpecConfig(k=4, max_new_tokens=64, tree_nodes=24))
+    assert tree.token_ids == chain.token_ids
+    assert tree.stats.mean_accepted_length > chain.stats.mean_accepted_length
+
+
+def test_eos_inside_a_branch_ends_generation_there(tiny_set):
+    pair = with_eos(tiny_set["perturbed"], [])
+    cfg = SpecConfig(k=4, max_new_tokens=24, tree_nodes=12)
+    reference = generate(pair, PROMPT, cfg, "autoregressive").token_ids
+    for eos in dict.fromkeys(reference):
+        out = generate(with_eos(pair, [eos]), PROMPT, cfg)
+        assert out.token_ids == reference[: reference.index(eos) + 1] and out.stats.finish_reason == "eos"
+
+
+def test_tree_events_describe_each_round(tiny):
+    drafter = ModelDrafter(tiny.cached("draft"))
+    cfg = SpecConfig(k=4, max_new_tokens=40, temperature=1.0, tree_nodes=10, record_top=3, seed=3)
+    events = list(speculative_generate(with_eos(tiny, []), PROMPT, cfg, drafter))
+    assert any(len(e.path) > 0 for e in events) and any(len(set(e.parents)) < len(e.parents) for e in events)
+    for e in events:
+        if e.parents is None:  # a round with room for one token only drafts nothing
+            assert not e.drafted and e.n_generated == cfg.max_new_tokens
+            continue
+        n = len(e.drafted)
+        assert len(e.parents) == n <= 10 and all(-1 <= parent < i for i, parent in enumerate(e.parents))
+        assert len(e.target_top) == n + 1 and len(e.draft_top) == n and len(e.accept_probs) == n
+        path = e.path
+        assert [e.parents[i] for i in path] == ([-1] + path)[: len(path)]  # root to leaf, each node the last one's child
+        assert e.committed == ([e.drafted[i] for i in path] + [e.token])[: len(e.committed)]
+        assert e.accepted == len(path) and e.expected > 0
+        assert (e.residual_top is None) == (e.token_kind == "bonus")
+        assert e.token_kind == ("bonus" if not any(parent == (path[-1] if path else -1) for parent in e.parents)
+                                else "replacement")
+    a = [e.committed for e in events]
+    b = [e.committed for e in speculative_generate(with_eos(tiny, []), PROMPT, cfg)]
+    assert a == b  # same seed, same tree, same output
+
+
+def test_tree_size_follows_the_cost_of_a_pass():
+    ranked = [0.9, 0.8, 0.5, 0.3, 0.2, 0.1, 0.05, 0.01]
+    assert tree_size(ranked, None) == 8
+    flat = PassCosts({1: 1.0, 16: 1.0})
+    assert tree_size(ranked, flat) == 8  # rows cost nothing: take every node that may be accepted
+    steep = PassCosts({1: 1.0, 2: 1.1, 16: 3.0}, draft=0.2)
+    assert 1 <= tree_size(ranked, steep) < 8
+    assert steep.verify(9) == pytest.approx(1.1 + 1.9 * 7 / 14)

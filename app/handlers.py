@@ -16,6 +16,7 @@ from .limits import visitor_of
 from .race import Race, run, start_race, step
 from .render import message_html, pane_html, pieces
 from .settings import Ask, ask
+from .tree import tree_html
 
 UI_EVERY_S, PLOTS_EVERY_S = 0.12, 1.0  # streaming cadence: text often, figures less often (CPU they share)
 
@@ -32,6 +33,7 @@ class View(NamedTuple):
     """Every output of a race, by name; the UI lists its components in this order."""
     plain: object
     spec: object
+    tree: object
     summary: object
     race_plot: object
     speed_plot: object
@@ -49,15 +51,16 @@ def view(race: Race, lang: str = "en", with_plots: bool = True, note: str = "") 
     plain, spec = race.plain.stats, race.spec.stats  # summarised once per update: this runs beside the models
     summary = plots.summary_html(plain, spec, race.identical, not race.done, lang)
     panes = [pane_html(lane_pieces(race, lane, lang), t("waiting", lang)) for lane in (race.plain, race.spec)]
+    tree = tree_html(next((e for e in reversed(race.spec.events) if e.parents is not None), None), race.label, lang)
     figs = ((plots.race_figure(race.plain.events, race.spec.events, lang), plots.speed_figure(plain, spec, lang),
              plots.rounds_figure(race.spec.events, lang), plots.position_figure(spec, lang))
             if with_plots else (gr.skip(),) * 4)
-    return View(*panes, summary + (message_html(note, "error") if note else ""), *figs, race)
+    return View(*panes, tree, summary + (message_html(note, "error") if note else ""), *figs, race)
 
 
 def empty_view(message: str, kind: str = "error") -> View:
     """Leave the panes as they are and say what is wrong."""
-    return View(gr.skip(), gr.skip(), message_html(message, kind), *(gr.skip(),) * 5)
+    return View(gr.skip(), gr.skip(), gr.skip(), message_html(message, kind), *(gr.skip(),) * 5)
 
 
 @contextmanager

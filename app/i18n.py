@@ -140,6 +140,8 @@ probabilidades) cai abaixo de um limiar: rascunha muito onde tem certeza e pouco
                "as saídas diferem: veja o relatório de quase-empates do benchmark (precisão reduzida)"),
     "caption": ("Round {r}: drafted {d}, the target agreed with {a}",
                 "Rodada {r}: rascunhou {d}, o alvo concordou com {a}"),
+    "caption_tree": ("Round {r}: drafted a tree of {d}, the target agreed with a branch of {a}",
+                     "Rodada {r}: rascunhou uma árvore de {d}, o alvo concordou com um ramo de {a}"),
     "caption_replaced": (", replaced the {nth}", ", substituiu o {nth}"),
     "caption_bonus": (", and added a bonus token", " e acrescentou um token bônus"),
     "caption_kept": (", kept {n} token{s}.", ", manteve {n} token{s}."),
@@ -202,6 +204,49 @@ probabilidades) cai abaixo de um limiar: rascunha muito onde tem certeza e pouco
     "f_greedy_short": ("greedy", "guloso"),
     "f_predicted": ("{name}: predicted (a = {a:.2f})", "{name}: prevista (a = {a:.2f})"),
     "f_measured": ("{name}: measured", "{name}: medida"),
+    # token trees
+    "tree_nodes": ("Tree nodes (0 = a chain)", "Nós da árvore (0 = uma cadeia)"),
+    "tree_info": ("Draft a tree of alternatives instead of one line; the target checks every node in one pass, "
+                  "and the longest branch it agrees with is kept. Sized by what a pass of that many tokens costs "
+                  "on this device.",
+                  "Rascunhar uma árvore de alternativas em vez de uma linha; o alvo confere todos os nós numa só "
+                  "passada e fica com o ramo mais longo com que concorda. O tamanho segue o custo, neste "
+                  "dispositivo, de uma passada com tantos tokens."),
+    "tree_title": ("Draft tree of the round (click a node)", "Árvore de rascunho da rodada (clique num nó)"),
+    "tree_caption": ("Round {r}: {n} drafted nodes, depth {d}; the target accepted {a} along one branch "
+                     "(the draft expected {x:.2f}).",
+                     "Rodada {r}: {n} nós rascunhados, profundidade {d}; o alvo aceitou {a} ao longo de um ramo "
+                     "(o rascunho esperava {x:.2f})."),
+    "tree_root": ("the last committed token", "o último token confirmado"),
+    "tree_key_accepted": ("accepted path", "caminho aceito"),
+    "tree_key_rejected": ("judged, rejected", "conferido, rejeitado"),
+    "tree_key_unreached": ("never judged", "nunca conferido"),
+    "tree_key_replacement": ("target's token", "token do alvo"),
+    "tree_key_bonus": ("bonus token", "token bônus"),
+    "tree_tip_accepted": ("{x} · accepted · p = {p:.3f}", "{x} · aceito · p = {p:.3f}"),
+    "tree_tip_rejected": ("{x} · rejected · p = {p:.3f}", "{x} · rejeitado · p = {p:.3f}"),
+    "tree_tip_unreached": ("{x} · never judged", "{x} · nunca conferido"),
+    "tree_tip_replacement": ("{x} · the target's own token · p = {p:.3f}", "{x} · token do próprio alvo · p = {p:.3f}"),
+    "tree_tip_bonus": ("{x} · bonus token · p = {p:.3f}", "{x} · token bônus · p = {p:.3f}"),
+    "tree_where": ("Round {r} of {n} · node {i} of {m}, depth {d}, choice {j} of {s} at its parent. ",
+                   "Rodada {r} de {n} · nó {i} de {m}, profundidade {d}, opção {j} de {s} no pai. "),
+    "tree_beaten": ("Not judged: an earlier choice at the same parent was accepted first.",
+                    "Não conferido: uma opção anterior no mesmo pai foi aceita antes."),
+    "tree_cut": ("Not judged: the target rejected an ancestor, so this branch was dropped.",
+                 "Não conferido: o alvo rejeitou um ancestral, então este ramo foi descartado."),
+    "tree_next": ("≥ {a:.3f}: rejected. The next choice at this parent (if any) is judged against the residual "
+                  "max(0, p − q) of this one.",
+                  "≥ {a:.3f}: rejeitado. A próxima opção neste pai (se houver) é conferida contra o resíduo "
+                  "max(0, p − q) desta."),
+    "tree_greedy_diff": ("Greedy. Draft proposed {x}; the target's argmax is {y}: different: rejected.",
+                         "Guloso. O rascunho propôs {x}; o argmax do alvo é {y}: diferentes: rejeitado."),
+    "f_tree_theory": ("Trees: accepted tokens per round, the draft's expectation beside the measurement",
+                      "Árvores: tokens aceitos por rodada, a expectativa do rascunho ao lado da medida"),
+    "f_tree_expected": ("expected: sum of path probabilities (mean {m:.2f})",
+                        "esperado: soma das probabilidades dos caminhos (média {m:.2f})"),
+    "f_tree_measured": ("measured (mean {m:.2f})", "medido (média {m:.2f})"),
+    "f_round": ("round", "rodada"),
+    "f_accepted_tokens": ("accepted tokens", "tokens aceitos"),
     # the inspector
     "pick_first": ("Run a generation first, then click a token or pick a round and a position.",
                    "Gere um texto primeiro; depois clique num token ou escolha uma rodada e uma posição."),

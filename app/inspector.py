@@ -10,10 +10,47 @@ from specdec_core.theory import expected_speedup, measured_costs, verify_cost_at
 
 from .i18n import t
 from .plots import AR_COLOR, DRAFT_COLOR, LAYOUT, SPEC_COLOR, _fig
+from .tree import states
+
+
+def row_of(e: RoundEvent, i: int) -> int:
+    """The row of e.target_top that judged draft position (a tree's node) i; i == len(drafted): the target's token."""
+    if e.parents is None:
+        return i
+    if i < len(e.drafted):
+        return e.parents[i] + 1
+    return e.path[-1] + 1 if e.path else 0
+
+
+def tree_text(e: RoundEvent, i: int, label, lang: str) -> str:
+    """What happened at node i of a tree round, in words."""
+    x = repr(label(e.drafted[i]))
+    kind = states(e)[i]
+    if kind == "unreached":
+        beaten = any(j in e.path for j in range(i) if e.parents[j] == e.parents[i])
+        return t("tree_beaten" if beaten else "tree_cut", lang)
+    if e.greedy:
+        top = e.target_top[row_of(e, i)]
+        y = repr(label(top[0][0])) if top else "?"
+        return t("greedy_same" if kind == "accepted" else "tree_greedy_diff", lang, x=x, y=y)
+    a = e.accept_probs[i]
+    text = t("sampled", lang, x=x, q=e.q_drafted[i], p=e.p_drafted[i], a=a, u=e.uniforms[i])
+    return text + (t("sampled_ok", lang, a=a) if kind == "accepted" else t("tree_next", lang, a=a))
+
+
+def where_text(e: RoundEvent, i: int, rounds: int, lang: str = "en") -> str:
+    """Which round, and which position (a tree's node: its depth and its rank among its siblings), in words."""
+    if e.parents is None or i >= len(e.drafted):
+        return t("where", lang, r=e.round, n=rounds, i=i + 1, m=len(e.drafted) + 1)
+    siblings = [j for j, parent in enumerate(e.parents) if parent == e.parents[i]]
+    return t("tree_where", lang, r=e.round, n=rounds, i=i + 1, m=len(e.drafted), d=e.depth_of(i),
+             j=siblings.index(i) + 1, s=len(siblings))
 
 
 def decision_text(e: RoundEvent, i: int, label, lang: str = "en") -> str:
     """What happened at draft position i (0-based) of round e, in words; i == len(drafted) is the target's token."""
+    if e.parents is not None and i < len(e.drafted):
+        return tree_text(e, i, label, lang)
     n = e.accepted
     if i >= len(e.drafted) or i > n:
         if i > n and i < len(e.drafted):
@@ -35,9 +72,10 @@ def decision_figure(e: RoundEvent, i: int, label, lang: str = "en") -> go.Figure
     """Top target (p) and draft (q) probabilities at the position, the drafted token outlined."""
     fig = _fig(t("f_decision", lang, r=e.round, i=i + 1) + (t("f_greedy", lang) if e.greedy else ""),
                barmode="group", yaxis_title=t("f_probability", lang), yaxis=dict(range=[0, 1.05]))
-    if i >= len(e.target_top):
+    row = row_of(e, i)
+    if row >= len(e.target_top):
         return fig
-    p_top = dict(e.target_top[i])
+    p_top = dict(e.target_top[row])
     q_top = dict(e.draft_top[i]) if i < len(e.draft_top) else {}
     ids = list(dict.fromkeys([*p_top, *q_top]))
     names = [html.escape(repr(label(tok))) for tok in ids]
@@ -48,7 +86,7 @@ def decision_figure(e: RoundEvent, i: int, label, lang: str = "en") -> go.Figure
     if q_top:
         fig.add_bar(x=names, y=[q_top.get(tok, 0) for tok in ids], name=t("f_q", lang), marker_color=DRAFT_COLOR,
                     marker_line=dict(width=outline, color="#000"))
-    if e.residual_top and i == e.accepted:
+    if e.residual_top and i == (e.accepted if e.parents is None else len(e.drafted)):
         r = dict(e.residual_top)
         fig.add_bar(x=names, y=[r.get(tok, 0) for tok in ids], name=t("f_residual", lang), marker_color=AR_COLOR)
     return fig
@@ -70,6 +108,23 @@ def theory_figure(ar_stats, spec_stats, k: int, lang: str = "en") -> go.Figure:
                     name=t("f_measured_decode", lang),
                     marker=dict(size=12, color=DRAFT_COLOR, symbol="diamond"))
     fig.add_hline(y=1.0, line_dash="dot", line_color="#999")
+    fig.update_layout(**{**LAYOUT, "height": 340})
+    return fig
+
+
+def tree_theory_figure(events: list[RoundEvent], lang: str = "en") -> go.Figure:
+    """Per tree round: the tokens the draft expected the target to accept (its path probabilities) and the
+    tokens it accepted."""
+    fig = _fig(t("f_tree_theory", lang), xaxis_title=t("f_round", lang), yaxis_title=t("f_accepted_tokens", lang))
+    rounds = [e for e in events if e.parents is not None]
+    if not rounds:
+        return fig
+    mean = lambda values: sum(values) / len(values)
+    x = [e.round for e in rounds]
+    fig.add_scatter(x=x, y=[e.expected for e in rounds], name=t("f_tree_expected", lang, m=mean([e.expected for e in rounds])),
+                    line=dict(color=DRAFT_COLOR, dash="dot"))
+    fig.add_scatter(x=x, y=[e.accepted for e in rounds], mode="markers", name=t("f_tree_measured", lang,
+                    m=mean([e.accepted for e in rounds])), marker=dict(size=9, color=SPEC_COLOR, symbol="diamond"))
     fig.update_layout(**{**LAYOUT, "height": 340})
     return fig
 

@@ -66,7 +66,7 @@ class Race:
 def start_race(pair, prompt: str, cfg: SpecConfig, drafter: str = "model", plain: bool = True) -> Race:
     """Validate everything up front (raising ValueError with a message) before any compute starts."""
     ids = prepare(pair, prompt, cfg)
-    spec = Lane("speculative", speculative_generate(pair, ids, cfg, make_drafter(pair, drafter)),
+    spec = Lane("speculative", speculative_generate(pair, ids, cfg, make_drafter(pair, drafter, tree=cfg.tree_nodes > 0)),
                 Detokenizer(pair.tokenizer, skip_special_tokens=True))
     lane = Lane("plain", autoregressive_generate(pair, ids, cfg), Detokenizer(pair.tokenizer, skip_special_tokens=True))
     lane.done = not plain

@@ -43,7 +43,10 @@ def pieces(events: list[RoundEvent], texts: list[str], tail: str, label, lang: s
 
 
 def round_pieces(e: RoundEvent, text, label, lang: str, tail: str = "") -> list[Piece]:
-    """The pieces one round adds to a pane, in the order the audience should read them."""
+    """The pieces one round adds to a pane, in the order the audience should read them. A tree round shows
+    its accepted path and the choices rejected where the path ends; the tree view shows the rest."""
+    if e.parents is not None:
+        return tree_pieces(e, text, label, lang, tail)
     out: list[Piece] = []
     n = e.accepted
     for i in range(min(n, len(e.committed))):
@@ -58,16 +61,39 @@ def round_pieces(e: RoundEvent, text, label, lang: str, tail: str = "") -> list[
             out.append(Piece(visible(label(tok)), "discarded", t("tip_discarded", lang), e.round, j))
     if len(e.committed) > n:
         kind = e.token_kind if e.method == "speculative" else "target"
-        tip = t("tip_" + kind, lang, p=e.p_token)
         # a replacement is explained by the rejection it follows
-        pos = {"replacement": n + 1, "bonus": len(e.drafted) + 1}.get(kind, 0)
-        out.append(Piece(next(text), kind, tip, e.round, pos))
+        out.append(Piece(next(text), kind, t("tip_" + kind, lang, p=e.p_token), e.round,
+                         {"replacement": n + 1, "bonus": len(e.drafted) + 1}.get(kind, 0)))
+    return out + ending(e, out, lang, tail)
+
+
+def tree_pieces(e: RoundEvent, text, label, lang: str, tail: str) -> list[Piece]:
+    out: list[Piece] = []
+    for depth, i in enumerate(e.path[: len(e.committed)], start=1):
+        tip = (t("tip_accepted_greedy", lang, r=e.round, i=depth) if e.greedy else
+               t("tip_accepted", lang, r=e.round, i=depth, p=e.p_drafted[i], q=e.q_drafted[i], a=e.accept_probs[i]))
+        out.append(Piece(next(text), "accepted", tip, e.round, i + 1))
+    if len(e.committed) > len(e.path):
+        end = e.path[-1] if e.path else -1
+        for i, parent in enumerate(e.parents):  # every choice judged at the path's end was rejected
+            if parent == end:
+                tip = (t("tip_rejected_greedy", lang) if e.greedy else
+                       t("tip_rejected", lang, p=e.p_drafted[i], q=e.q_drafted[i], a=e.accept_probs[i], u=e.uniforms[i]))
+                out.append(Piece(visible(label(e.drafted[i])), "rejected", tip, e.round, i + 1))
+        out.append(Piece(next(text), e.token_kind, t("tip_" + e.token_kind, lang, p=e.p_token), e.round,
+                         len(e.drafted) + 1))
+    return out + ending(e, out, lang, tail)
+
+
+def ending(e: RoundEvent, out: list[Piece], lang: str, tail: str) -> list[Piece]:
+    """After a pane's last round: the text held back to the end, and why it ended."""
+    end: list[Piece] = []
     if e.finished:
         if tail:
-            out.append(Piece(tail, out[-1].kind if out else "target", "", e.round))
+            end.append(Piece(tail, out[-1].kind if out else "target", "", e.round))
         if e.finish_reason in ("eos", "length"):
-            out.append(Piece(t("end_" + e.finish_reason, lang), "eos", t("tip_" + e.finish_reason, lang), e.round))
-    return out
+            end.append(Piece(t("end_" + e.finish_reason, lang), "eos", t("tip_" + e.finish_reason, lang), e.round))
+    return end
 
 
 def pane_html(pieces: list[Piece], placeholder: str = "") -> str:

@@ -12,40 +12,44 @@ import gradio as gr
 from . import plots
 from .handlers import empty_view, view
 from .i18n import code, t
-from .inspector import decision_figure, decision_text, sweep_figure, theory_figure
+from .inspector import decision_figure, decision_text, sweep_figure, theory_figure, tree_theory_figure, where_text
 from .race import run, start_race, step
 from .render import message_html
 from .settings import ask
 from .trace import from_trace, replay_step, to_trace
+from .tree import tree_html
 
 
 def inspect(race, round_no, position, lang="en"):
     if race is None or not race.spec.events:
-        return message_html(t("pick_first", lang), "info"), plots._fig("")
+        return message_html(t("pick_first", lang), "info"), plots._fig(""), gr.skip()
     events = race.spec.events
     e = events[min(max(int(round_no or 1), 1), len(events)) - 1]
     i = min(max(int(position or 1), 1), len(e.drafted) + 1) - 1
-    head = t("where", lang, r=e.round, n=len(events), i=i + 1, m=len(e.drafted) + 1)
-    return message_html(head + decision_text(e, i, race.label, lang), "info"), decision_figure(e, i, race.label, lang)
+    head = where_text(e, i, len(events), lang)
+    return (message_html(head + decision_text(e, i, race.label, lang), "info"), decision_figure(e, i, race.label, lang),
+            tree_html(e, race.label, lang) if e.parents is not None else gr.skip())
 
 
 def pick(race, picked: str, lang="en"):
-    """A click on a token (CLICK_JS writes "round,position,nonce"): open the inspector there."""
+    """A click on a token or a tree's node (CLICK_JS writes "round,position,nonce"): open the inspector there."""
     try:
         round_no, position = (int(x) for x in (picked or "").split(",")[:2])
     except ValueError:
-        return (gr.skip(),) * 5
+        return (gr.skip(),) * 6
     return (gr.Accordion(open=True), round_no, position, *inspect(race, round_no, position, lang))
 
 
 def theory(race, lang="en"):
     if race is None or not race.done:
         return plots._fig(t("f_theory_empty", lang))
+    if any(e.parents is not None for e in race.spec.events):
+        return tree_theory_figure(race.spec.events, lang)
     return theory_figure(race.plain.stats, race.spec.stats, race.cfg.k, lang)
 
 
 def caption(e, lang="en") -> str:
-    words = t("caption", lang, r=e.round, d=len(e.drafted), a=e.accepted)
+    words = t("caption" if e.parents is None else "caption_tree", lang, r=e.round, d=len(e.drafted), a=e.accepted)
     if e.token_kind == "replacement":
         n = e.accepted + 1
         nth = f"{n}º" if code(lang) == "pt" else {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from specdec_core.config import DEFAULT_K, DEFAULT_MIN_CONFIDENCE, MAX_K, MAX_NEW_TOKENS, MAX_TEMPERATURE
+from specdec_core.config import (DEFAULT_K, DEFAULT_MIN_CONFIDENCE, MAX_K, MAX_NEW_TOKENS, MAX_TEMPERATURE,
+                                 MAX_TREE_NODES)
 
 from . import handlers, teach
 from .i18n import LANGUAGES, t
@@ -17,12 +18,13 @@ from .render import legend_html, message_html
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS = (ASSETS / "style.css").read_text()
 
-# A click on a token of the speculative pane writes "round,position,nonce" into a hidden box; the
-# box's change event opens the inspector there. The nonce makes a second click on the same token count.
+# A click on a token of the speculative pane, or a node of the draft tree, writes "round,position,nonce"
+# into a hidden box; the box's change event opens the inspector there. The nonce makes a second click on
+# the same token count.
 CLICK_JS = """
 () => {
   document.addEventListener("click", (event) => {
-    const token = event.target.closest("#spec-pane .tok[data-pos]");
+    const token = event.target.closest("#spec-pane .tok[data-pos], #tree-pane .tn[data-pos]");
     const box = document.querySelector("#pick textarea, #pick input");
     if (!token || !box) return;
     box.value = `${token.dataset.round},${token.dataset.pos},${Date.now()}`;
@@ -97,13 +99,15 @@ def build_controls(tx: Texts):
             adaptive = tx(gr.Checkbox(False, label=t("adaptive")), label="adaptive")
             confidence = tx(gr.Slider(0, 0.95, value=DEFAULT_MIN_CONFIDENCE, step=0.05, label=t("confidence"),
                                       info=t("confidence_info")), label="confidence", info="confidence_info")
+            tree = tx(gr.Slider(0, MAX_TREE_NODES, value=0, step=1, label=t("tree_nodes"), info=t("tree_info"),
+                                elem_id="tree-nodes"), label="tree_nodes", info="tree_info")
         tx(gr.Markdown(t("rules")), value="rules")
     with gr.Row():
         go = tx(gr.Button(t("generate"), variant="primary", elem_id="generate"), value="generate")
         stop = tx(gr.Button(t("stop"), variant="stop", elem_id="stop"), value="stop")
     # by the name settings.ask reads: SpecConfig's fields, and the drafter
     controls = dict(k=k, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new, seed=seed,
-                    drafter=drafter, adaptive=adaptive, min_confidence=confidence)
+                    drafter=drafter, adaptive=adaptive, min_confidence=confidence, tree_nodes=tree)
     return prompt, controls, go, stop
 
 
@@ -116,9 +120,10 @@ def build_race(tx: Texts):
         with gr.Column():
             tx(gr.HTML(pane_title(t("spec_title"))), value=lambda lang: pane_title(t("spec_title", lang)))
             spec = gr.HTML(elem_id="spec-pane")
+    tree = gr.HTML(elem_id="tree-pane")  # the latest (or the inspected) round's draft tree, when trees are drafted
     summary = gr.HTML(elem_id="summary")
     tx(gr.Markdown(t("fairness")), value="fairness")
-    return plain, spec, summary
+    return plain, spec, tree, summary
 
 
 def pane_title(text: str) -> str:
@@ -140,7 +145,8 @@ def build_teaching(tx: Texts):
     with tx(gr.Accordion(t("inspector"), open=False, elem_id="inspector"), label="inspector") as inspector:
         with gr.Row():
             round_no = tx(gr.Slider(1, MAX_NEW_TOKENS, value=1, step=1, label=t("round")), label="round")
-            position = tx(gr.Slider(1, MAX_K + 1, value=1, step=1, label=t("position")), label="position")
+            position = tx(gr.Slider(1, max(MAX_K, MAX_TREE_NODES) + 1, value=1, step=1, label=t("position")),
+                          label="position")
         decision = gr.HTML(elem_id="decision")
         decision_plot = tx(gr.Plot(label=t("pq")), label="pq")
     with tx(gr.Accordion(t("theory"), open=False, elem_id="theory"), label="theory"):
@@ -172,12 +178,12 @@ def wire_teaching(panel, manager, state, controls, prompt, outputs, runs):
     private = dict(api_visibility="private")
     lang = controls.by_name["lang"]
     inspect = dict(fn=teach.inspect, inputs=[state, panel["round_no"], panel["position"], lang],
-                   outputs=[panel["decision"], panel["decision_plot"]], **private)
+                   outputs=[panel["decision"], panel["decision_plot"], panel["tree"]], **private)
     for control in (panel["round_no"], panel["position"]):
         control.change(**inspect)
     panel["pick"].change(teach.pick, [state, panel["pick"], lang],
-                         [panel[name] for name in ("inspector", "round_no", "position", "decision", "decision_plot")],
-                         **private)
+                         [panel[name] for name in ("inspector", "round_no", "position", "decision", "decision_plot",
+                                                   "tree")], **private)
     for run in runs:  # refresh the inspector and the theory panel when a run ends
         run.then(**inspect).then(teach.theory, [state, lang], panel["theory_plot"], **private)
     panel["show_theory"].click(teach.theory, [state, lang], panel["theory_plot"], **private)
@@ -219,13 +225,13 @@ def build_app(manager, limits=None) -> gr.Blocks:
         choice, custom, load, status = build_pair_bar(manager, tx)
         prompt, named, go, stop = build_controls(tx)
         controls = Controls({**named, "lang": lang})
-        plain, spec, summary = build_race(tx)
+        plain, spec, tree, summary = build_race(tx)
         race_plot, speed_plot, rounds_plot, positions_plot = build_plots(tx)
-        teaching = build_teaching(tx)
+        teaching = {**build_teaching(tx), "tree": tree}
         state = gr.State()
         lang.change(tx.updates, lang, tx.components, api_visibility="private", queue=False)
 
-        shown = dict(plain=plain, spec=spec, summary=summary, race_plot=race_plot, speed_plot=speed_plot,
+        shown = dict(plain=plain, spec=spec, tree=tree, summary=summary, race_plot=race_plot, speed_plot=speed_plot,
                      rounds_plot=rounds_plot, positions_plot=positions_plot, state=state)
         outputs = [shown[name] for name in handlers.View._fields]
 
@@ -252,10 +258,10 @@ def build_app(manager, limits=None) -> gr.Blocks:
 
         def api(prompt: str, k: int = DEFAULT_K, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                 max_new_tokens: int = 128, seed: int = 0, drafter: str = "model",
-                min_confidence: float = DEFAULT_MIN_CONFIDENCE, request: gr.Request = None) -> dict:
+                min_confidence: float = DEFAULT_MIN_CONFIDENCE, tree_nodes: int = 0, request: gr.Request = None) -> dict:
             """Generate with plain and speculative decoding; returns the text and the statistics."""
             values = dict(k=k, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
-                          seed=seed, drafter=drafter, min_confidence=min_confidence, record_top=0)
+                          seed=seed, drafter=drafter, min_confidence=min_confidence, tree_nodes=tree_nodes, record_top=0)
             return handlers.api_generate(manager, limits, prompt, values, request)
 
         gr.api(api, api_name="generate", concurrency_id="gpu")

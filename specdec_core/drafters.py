@@ -189,8 +189,10 @@ class ModelDrafter:
         n = tree_size([nodes[i][2] for i in order], self.pass_cost, forwards)
         keep = sorted(order[:n])  # every prefix of `order` is a tree: parents and earlier siblings come first
         self.tree = (base, [(nodes[i][0], nodes[i][1], slot) for slot, i in enumerate(fed)])
+        if not keep:  # no node pays for its row: a plain step
+            return Draft(torch.empty(0, dtype=torch.long, device=dev), None)
         renumber = {old: new for new, old in enumerate(keep)}
-        tokens = torch.tensor([nodes[i][0] for i in keep], device=dev)
+        tokens = torch.tensor([nodes[i][0] for i in keep], dtype=torch.long, device=dev)
         parents = [renumber.get(nodes[i][1], -1) for i in keep]
         q = None
         if not cfg.greedy:  # each node's q: its parent's, without the siblings drawn before it, renormalised
@@ -278,8 +280,8 @@ class EarlyExitDrafter(ModelDrafter):
 
     name = "early-exit"
 
-    def __init__(self, target, vocab: int, layers: int):
-        super().__init__(CachedModel(truncated_view(target, layers), vocab))
+    def __init__(self, target, vocab: int, layers: int, pass_cost: PassCosts | None = None):
+        super().__init__(CachedModel(truncated_view(target, layers), vocab), pass_cost=pass_cost)
 
 
 def truncated_view(model: nn.Module, layers: int) -> nn.Module:

@@ -74,25 +74,32 @@ def prepare(pair, prompt: str | list[int], cfg: SpecConfig) -> list[int]:
     return ids
 
 
-def make_drafter(pair, name: str = "model", layers: int | None = None):
+def make_drafter(pair, name: str = "model", layers: int | None = None, tree: bool = False):
     """By name: "model" (the pair's draft), "prompt-lookup" (n-grams), "hybrid" (n-grams when text is
-    copied, else the draft), "early-exit" (the target's first `layers` layers; a quarter by default)."""
+    copied, else the draft), "early-exit" (the target's first `layers` layers; a quarter by default).
+    `tree`: it will draft trees (cfg.tree_nodes), sized by this device's pass costs, timed once per pair."""
+    costs = None
+    if tree and name != "prompt-lookup":
+        from .models.load import tree_costs  # the models package imports this module
+        costs = tree_costs(pair)
     if name in ("model", "hybrid"):
         if pair.draft is None:
             raise ValueError(f"The pair {pair.name!r} has no draft model; choose prompt-lookup or early-exit.")
-        drafter = ModelDrafter(pair.cached("draft"))
+        drafter = ModelDrafter(pair.cached("draft"), pass_cost=costs)
         return drafter if name == "model" else HybridDrafter(drafter)
     if name == "prompt-lookup":
         return PromptLookupDrafter()
     if name == "early-exit":
-        return EarlyExitDrafter(pair.target, pair.vocab, layers or max(1, len(pair.target.get_decoder().layers) // 4))
+        layers = layers or max(1, len(pair.target.get_decoder().layers) // 4)
+        return EarlyExitDrafter(pair.target, pair.vocab, layers, pass_cost=costs)
     raise ValueError(f"Unknown drafter {name!r}: use model, hybrid, prompt-lookup or early-exit.")
 
 
 def speculative_generate(pair, prompt, cfg: SpecConfig, drafter=None, judge=decide) -> Iterator[RoundEvent]:
     """One event per round: draft k tokens, verify them in one target pass, commit a prefix + 1.
     `judge`: the accept/reject rule (verify.decide; the GPU bench swaps in a simulated one)."""
-    return decode(pair, prepare(pair, prompt, cfg), cfg, drafter or make_drafter(pair), "speculative", judge)
+    drafter = drafter or make_drafter(pair, tree=cfg.tree_nodes > 0)
+    return decode(pair, prepare(pair, prompt, cfg), cfg, drafter, "speculative", judge)
 
 
 def autoregressive_generate(pair, prompt, cfg: SpecConfig) -> Iterator[RoundEvent]:

@@ -43,15 +43,14 @@ class RoundEvent:
     path: list[int] | None = None  # the accepted nodes, root to leaf; a chain's are its first `accepted`
     expected: float = 0.0  # a tree: the tokens the draft expected the target to accept (sum of path probabilities)
 
+    def depth_of(self, i: int) -> int:
+        """Draft position i's depth: 1 for the first token after the committed text."""
+        return i + 1 if self.parents is None else 1 + (self.depth_of(self.parents[i]) if self.parents[i] >= 0 else 0)
+
     @property
     def depth(self) -> int:
         """How deep the draft went: a chain's length, a tree's deepest node."""
-        if self.parents is None:
-            return len(self.drafted)
-        depths = []
-        for parent in self.parents:
-            depths.append(1 if parent < 0 else depths[parent] + 1)
-        return max(depths, default=0)
+        return max((self.depth_of(i) for i in range(len(self.drafted))), default=0)
 
     def to_dict(self) -> dict:
         return asdict(self)

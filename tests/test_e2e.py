@@ -143,6 +143,30 @@ def test_browser_clicking_a_token_opens_its_decision(page):
 
 
 @pytest.mark.browser
+def test_browser_draws_a_draft_tree_and_a_click_on_a_node_opens_it(page):
+    page.get_by_text("More settings").first.click()
+    nodes = page.locator("#tree-nodes input[type=number]")
+    nodes.wait_for(state="visible", timeout=10_000)
+    time.sleep(0.5)  # the accordion mounts its sliders with their defaults: set ours after that
+    nodes.fill("12")
+    nodes.press("Enter")
+    page.locator("#prompt textarea").fill("Write a loop in Python.")
+    assert nodes.input_value() == "12"
+    page.locator("#generate").click()
+    page.locator("#summary", has_text="identical").wait_for(timeout=60_000)  # greedy trees: still the same output
+    attached(page, "#tree-pane svg g.tn-accepted")
+    assert page.locator("#tree-pane", has_text="accepted path").count() == 1
+    page.locator("#tree-pane g.tn-accepted").first.click()
+    page.locator("#decision", has_text="equal: accepted").wait_for(timeout=30_000)
+    assert page.locator("#decision", has_text="depth 1").count() == 1  # the first node of the accepted path
+    page.locator("#tree-pane g.tn-rejected, #tree-pane g.tn-unreached").first.click()
+    page.locator("#decision", has_text=re.compile("different: rejected|Not judged")).wait_for(timeout=30_000)
+    page.screenshot(path=str(SHOTS / "tree.png"), full_page=True)
+    nodes.fill("0")  # the tests after this one race chains again
+    nodes.press("Enter")
+
+
+@pytest.mark.browser
 def test_browser_stop_cancels_and_the_next_run_works(page):
     page.locator("#max-new input[type=number]").fill("1024")
     page.locator("#max-new input[type=number]").press("Enter")

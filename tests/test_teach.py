@@ -40,7 +40,7 @@ def test_clicked_token_positions_match_the_inspector(tiny):
     for piece in lane_pieces(race, race.spec):
         if not piece.pos:
             continue
-        opened, round_no, position, text, _ = teach.pick(race, f"{piece.round},{piece.pos},123", "en")
+        opened, round_no, position, text, _, _ = teach.pick(race, f"{piece.round},{piece.pos},123", "en")
         assert (round_no, position) == (piece.round, piece.pos) and opened.open is True
         expected = {"accepted": "equal: accepted", "rejected": "different: rejected", "replacement": "different",
                     "discarded": "discarded without a check", "bonus": "bonus token"}[piece.kind]

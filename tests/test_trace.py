@@ -23,7 +23,7 @@ def test_trace_round_trips_exactly(tiny):
     assert replayed.cfg == race.cfg and replayed.meta["prompt"] == "hello"
     # the replayed race renders and inspects with no model at all
     assert view(replayed).spec == view(race).spec and view(replayed, "pt").spec == view(race, "pt").spec
-    text, _ = inspect(replayed, 1, 1)
+    text, _, _ = inspect(replayed, 1, 1)
     assert "Round 1" in text and "#" not in text.split("·")[0]
     assert [e.elapsed_s for _, e, _, _ in timeline] == sorted(e.elapsed_s for _, e, _, _ in timeline)
 

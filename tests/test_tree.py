@@ -7,6 +7,7 @@ import torch
 from specdec_core import SpecConfig, generate, speculative_generate
 from specdec_core.cache import TreeInput
 from specdec_core.drafters import ModelDrafter, without
+from specdec_core.models.load import TREE_PASS_SIZES, tree_costs
 from specdec_core.theory import PassCosts, tree_size
 from specdec_core.verify import decide, decide_tree
 
@@ -140,3 +141,11 @@ def test_tree_size_follows_the_cost_of_a_pass():
     steep = PassCosts({1: 1.0, 2: 1.1, 16: 3.0}, draft=0.2)
     assert 1 <= tree_size(ranked, steep) < 8
     assert steep.verify(9) == pytest.approx(1.1 + 1.9 * 7 / 14)
+
+
+def test_tree_costs_are_timed_once_per_pair(tiny):
+    pair = dataclasses.replace(tiny, info={})
+    costs = tree_costs(pair)
+    assert sorted(costs.sizes) == list(TREE_PASS_SIZES) and costs.sizes[1] == 1.0
+    assert all(c > 0 for c in costs.sizes.values()) and costs.draft > 0
+    assert tree_costs(pair) == costs  # kept with the pair, not timed again

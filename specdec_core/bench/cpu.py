@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import platform
+import re
 import resource
 import statistics
 import time
@@ -22,7 +23,7 @@ from .. import SpecConfig, generate, load_pair, make_drafter
 from ..config import DEFAULT_K, DEFAULT_MIN_CONFIDENCE
 from ..engine import prepare
 from ..models.quant import QUANT_MODES
-from ..theory import measured_costs
+from ..theory import expected_tree_tokens, measured_costs
 from ..theory import predicted_speedup as predict
 
 STAT_KEYS = ("tokens", "seconds", "tokens_per_s")
@@ -82,7 +83,12 @@ def hf_assisted(pair, prompt_ids: list[int], cfg: SpecConfig, constant_k: int = 
 
 def predicted_speedup(ar, spec) -> float:
     """What the cost model predicts from this run's own measurements (acceptance, step times) for
-    the draft lengths it used."""
+    the draft lengths it used; for trees, from the draft's own expectation of each tree and the rounds' cost."""
+    if any(e.parents is not None for e in spec.events):
+        step = (ar.stats.seconds - ar.stats.prefill_s) / max(ar.stats.tokens, 1)
+        rounds = spec.stats.rounds
+        tokens = sum(expected_tree_tokens([e.expected]) for e in spec.events) / rounds
+        return tokens / ((spec.stats.draft_s + spec.stats.verify_s) / rounds / step)
     a, c, v = measured_costs(ar.stats, spec.stats)
     return predict(a, [len(e.drafted) for e in spec.events], c, v)
 
@@ -97,12 +103,13 @@ def run_prompt(pair, item, cfg, drafter_name, compare_hf, hf_k, repeats=1) -> di
     ars, specs, hfs = [], [], []
     for _ in range(repeats):  # interleaved, so that a slow spell of the machine hits every method
         ars.append(generate(pair, ids, cfg, "autoregressive"))
-        specs.append(generate(pair, ids, cfg, drafter=make_drafter(pair, drafter_name)))
+        specs.append(generate(pair, ids, cfg, drafter=make_drafter(pair, drafter_name, tree=cfg.tree_nodes > 0)))
         if compare_hf:
             hfs.append([hf_assisted(pair, ids, cfg, constant_k) for constant_k in (0, hf_k)])
     ar, spec = fastest(ars, lambda r: r.stats.seconds), fastest(specs, lambda r: r.stats.seconds)
     entry = {"id": item["id"], "category": item.get("category", ""), "prompt_tokens": len(ids),
-             "ar": pick(ar.stats, OWN_KEYS), "spec": pick(spec.stats, SPEC_KEYS),
+             "ar": pick(ar.stats, OWN_KEYS),
+             "spec": {**pick(spec.stats, SPEC_KEYS), "drafted_per_round": spec.stats.drafted / spec.stats.rounds},
              "speedup": spec.stats.tokens_per_s / ar.stats.tokens_per_s,
              "decode_speedup": spec.stats.decode_tokens_per_s / ar.stats.decode_tokens_per_s,
              "predicted_speedup": predicted_speedup(ar, spec),
@@ -129,6 +136,8 @@ def summarize(entries: list[dict]) -> dict:
            "measured_over_predicted_median": statistics.median(e["decode_speedup"] / e["predicted_speedup"]
                                                                for e in entries),
            "acceptance_rate_median": statistics.median(e["spec"]["acceptance_rate"] for e in entries),
+           "accepted_per_pass_mean": statistics.mean(e["spec"]["mean_accepted_length"] for e in entries),
+           "drafted_per_round_mean": statistics.mean(e["spec"]["drafted_per_round"] for e in entries),
            "identical": sum(e["identical_to_ar"] for e in entries), "prompts": len(entries)}
     if all("speedup_vs_hf" in e for e in entries):
         out["speedup_vs_hf_median"] = med("speedup_vs_hf")
@@ -215,6 +224,8 @@ def main(argv=None) -> dict:
                     help="how the draft is quantised on CPUs (off: as loaded)")
     ap.add_argument("--target-quant", default="off",
                     help="the target's weights on CPUs: off (as loaded) or int8; a comma list compares them in one run")
+    ap.add_argument("--tree", default="0",
+                    help="draft token trees of up to this many nodes (0: a chain); a comma list compares them in one run")
     args = ap.parse_args(argv)
 
     target, _, draft = args.pair.partition(",")
@@ -222,22 +233,27 @@ def main(argv=None) -> dict:
                      min_confidence=args.min_confidence)
     items = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     items = items[: args.limit] if args.limit else items
-    pairs, load_s = {}, {}
-    for variant in args.target_quant.split(","):  # each target's own pair; runs interleave prompt by prompt
+    trees = [int(n) for n in args.tree.split(",")]
+    pairs, cfgs, load_s = {}, {}, {}
+    for quant in args.target_quant.split(","):  # each target's own pair; runs interleave prompt by prompt
         t0 = time.perf_counter()
-        pairs[variant] = load_pair(target, draft or None, device=args.device, dtype=args.dtype, target_quant=variant,
-                                   draft_quant=False if args.draft_quant == "off" else "auto", quant_mode=args.draft_quant)
-        load_s[variant] = time.perf_counter() - t0
-        # warm-up: first calls pay for allocations and kernel selection
-        warm = dataclasses.replace(cfg, max_new_tokens=8)
-        generate(pairs[variant], items[0]["prompt"], warm, "autoregressive")
-        generate(pairs[variant], items[0]["prompt"], warm, drafter=make_drafter(pairs[variant], args.drafter))
-        if args.compare_hf:
-            hf_assisted(pairs[variant], prepare(pairs[variant], items[0]["prompt"], warm), warm, args.hf_k)
+        pair = load_pair(target, draft or None, device=args.device, dtype=args.dtype, target_quant=quant,
+                         draft_quant=False if args.draft_quant == "off" else "auto", quant_mode=args.draft_quant)
+        for nodes in trees:
+            variant = quant if len(trees) == 1 else f"{quant}, {f'tree of {nodes}' if nodes else 'chain'}"
+            pairs[variant], cfgs[variant] = pair, dataclasses.replace(cfg, tree_nodes=nodes)
+            load_s[variant] = time.perf_counter() - t0
+            # warm-up: first calls pay for allocations and kernel selection (and a tree's pass costs are timed)
+            warm = dataclasses.replace(cfgs[variant], max_new_tokens=8)
+            generate(pair, items[0]["prompt"], warm, "autoregressive")
+            generate(pair, items[0]["prompt"], warm, drafter=make_drafter(pair, args.drafter, tree=nodes > 0))
+            if args.compare_hf:
+                hf_assisted(pair, prepare(pair, items[0]["prompt"], warm), warm, args.hf_k)
     entries = {variant: [] for variant in pairs}
     for item in items:
         for variant, pair in pairs.items():
-            entries[variant].append(run_prompt(pair, item, cfg, args.drafter, args.compare_hf, args.hf_k, args.repeats))
+            entries[variant].append(run_prompt(pair, item, cfgs[variant], args.drafter, args.compare_hf, args.hf_k,
+                                               args.repeats))
             e = entries[variant][-1]
             print(f"{e['id']} ({variant} target): {e['speedup']:.2f}x, {e['spec']['tokens_per_s']:.1f} tok/s, "
                   f"acceptance {e['spec']['acceptance_rate']:.2f}", flush=True)
@@ -251,15 +267,24 @@ def main(argv=None) -> dict:
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", {torch.get_num_threads()} threads",
             "settings": {"k": cfg.k, "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
                          "drafter": args.drafter, "adaptive": cfg.adaptive, "min_confidence": cfg.min_confidence,
-                         "hf_k": args.hf_k, "repeats": args.repeats, "target_quant": variant, "prompts": args.prompts},
+                         "hf_k": args.hf_k, "repeats": args.repeats, "target_quant": variant.split(",")[0],
+                         "tree_nodes": cfgs[variant].tree_nodes, "prompts": args.prompts},
+            "pass_costs": pair.info.get("pass_costs") if cfgs[variant].tree_nodes else None,
             "load_s": load_s[variant], "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "prompts": entries[variant], "summary": summarize(entries[variant])}
     report = next(iter(reports.values())) if len(reports) == 1 else {"variants": reports}
     Path(args.json).write_text(json.dumps(report, indent=2))
     for variant, one in reports.items():
         png = Path(args.png) if args.png else Path(args.json).with_suffix(".png")
-        chart(one, png if len(reports) == 1 else png.with_name(f"{png.stem}-{variant}{png.suffix}"))
-        print(f"target weights: {one['target_weights']}\n{table(one)}")
+        slug = re.sub(r"[^a-z0-9]+", "-", variant.lower()).strip("-")
+        chart(one, png if len(reports) == 1 else png.with_name(f"{png.stem}-{slug}{png.suffix}"))
+        print(f"{variant}: target weights {one['target_weights']}\n{table(one)}")
+    if len(reports) > 1:
+        print(f"{'variant':<24}{'median speedup':>15}{'drafted/round':>14}{'accepted/pass':>14}")
+        for variant, one in reports.items():
+            s = one["summary"]
+            print(f"{variant:<24}{s['speedup_median']:>14.2f}x{s['drafted_per_round_mean']:>14.2f}"
+                  f"{s['accepted_per_pass_mean']:>14.2f}")
     return report
 
 

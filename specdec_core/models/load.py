@@ -8,7 +8,9 @@ import statistics
 import torch
 
 from ..cache import STEP_SIZES, StaticSteps
+from ..drafters import TREE_WIDTH
 from ..engine import Clock
+from ..theory import PassCosts
 from .attention import GROUPED
 from .pair import Pair, Progress, check_tokenizers, make_pair, pick_device, pick_dtype
 
@@ -173,3 +175,17 @@ def probe_costs(pair: Pair, k: int = 4, context: int = 128) -> dict:
     step = pass_ms(pair, "target", context, 1)
     return {"c": pass_ms(pair, "draft", context, 1) / step, "v": pass_ms(pair, "target", context, k + 1) / step,
             "k": k, "target_step_ms": step}
+
+
+TREE_PASS_SIZES = (1, 2, 4, 8, 16, 32, 65)
+
+
+def tree_costs(pair: Pair, context: int = 128) -> PassCosts:
+    """What sizes token trees on this device: target passes of 1..65 tokens and a draft forward of a tree
+    level, relative to the target's one-token step. Timed once per pair (a few seconds on a CPU), then kept."""
+    if "pass_costs" not in pair.info:
+        ms = {n: pass_ms(pair, "target", context, n, reps=3) for n in TREE_PASS_SIZES}
+        sizes = {n: t / ms[1] for n, t in ms.items()}
+        draft = pass_ms(pair, "draft", context, TREE_WIDTH, reps=3) / ms[1] if pair.draft is not None else 0.0
+        pair.info["pass_costs"] = {"sizes": sizes, "draft": draft}
+    return PassCosts(**pair.info["pass_costs"])

@@ -21,7 +21,7 @@ from .cache import CachedModel, TreeInput
 from .sampling import sample, warp
 from .theory import PassCosts, tree_size
 
-TREE_WIDTH = 4  # a tree node's children, and the nodes expanded per level
+TREE_WIDTH = 4  # a tree node's children
 
 @dataclass
 class Draft:
@@ -73,10 +73,12 @@ class ModelDrafter:
     name = "model"
 
     def __init__(self, lm: CachedModel, cut_on_device: bool | None = None, width: int = TREE_WIDTH,
-                 pass_cost: PassCosts | None = None):
+                 expand: int | None = None, pass_cost: PassCosts | None = None):
         self.lm = lm
         self.cut_on_device = lm.device.type != "cpu" if cut_on_device is None else cut_on_device
-        self.width, self.pass_cost = width, pass_cost  # sizes trees by measured costs (None: the node budget)
+        # a tree: children per node, nodes fed to the draft per level (one on CPUs), costs that size it
+        self.width, self.pass_cost = width, pass_cost
+        self.expand = (2 if lm.device.type == "cpu" else width) if expand is None else expand
         self.tree = None  # after a tree round: (where its nodes start in the cache, [(token, parent, slot)] fed)
 
     def start(self, ids):
@@ -133,23 +135,28 @@ class ModelDrafter:
 
 
     def propose_tree(self, ids, k, cfg, generator) -> Draft:
-        """A tree of up to cfg.tree_nodes nodes and depth k, grown a level at a time (EAGLE-2's scheme).
+        """A tree of up to cfg.tree_nodes nodes and depth k: the chain this drafter would draft, and
+        alternatives beside it, grown a level at a time (EAGLE-2's scheme).
 
         Each expanded node offers its `width` likeliest children (greedy) or `width` children sampled
-        without replacement (Gumbel top-k, in the order drawn). A node's rank is its path probability
-        under the draft, with the j-th child counted at the j-th largest probability. Of each new level,
-        the `width` best nodes are fed to the draft together, in one forward with a tree mask, to draw
-        the next level; growth stops early where even the best of them falls below cfg.min_confidence.
-        Then the best nodes are kept, as many as pay for their rows: n nodes are worth 1 + (the sum of
-        their ranks) expected tokens, the draft's own estimate, for a target pass of n + 1 tokens, whose
-        cost `pass_cost` says. A node never ranks above its parent or an earlier sibling, so the kept
-        nodes form a tree whose siblings are the first ones drawn, as verify.decide_tree requires. The
-        levels' choices are read on the host (free on a CPU).
+        without replacement (Gumbel top-k, in the order drawn). The first child of each is the chain's
+        token; the chain goes as deep as a chain would (k, cut where the product of its probabilities
+        falls below cfg.min_confidence). A node's rank is its path probability under the draft, the j-th
+        child counted at its parent's j-th largest probability. Each level feeds the draft, in one
+        forward with a tree mask, the chain's node and the `expand` - 1 best others (on a CPU, where each
+        token of a forward costs more, 2: one alternative branch grows beside the chain; the others stay
+        leaves, drawn from distributions the chain computes anyway). The chain is kept, then the best
+        alternatives, as many as pay for their rows: n nodes are worth 1 + (the sum of their ranks)
+        expected tokens (the draft's own estimate) for a target pass of n + 1 tokens, whose cost
+        `pass_cost` says. No node ranks above its parent or an earlier sibling, so what is kept is a
+        tree whose siblings are the first ones drawn, as verify.decide_tree requires; and a rank never
+        depends on the token drawn, so sampled nodes are kept without bias. The levels' choices are read
+        on the host (free on a CPU).
         """
         dev = self.lm.device
         logits = self.lm.forward(torch.tensor(ids[self.lm.length:], device=dev), keep=1)[0]
         base = self.lm.length
-        nodes = []  # [token, parent, rank, row of its parent's q in qs, index among its siblings]
+        nodes = []  # [token, parent, rank, row of its parent's q in qs, index among its siblings, on the chain]
         qs, raw, failed, fed, frontier, forwards = [], [], [], [], [(-1, logits)], 1
         for depth in range(k):
             level = []
@@ -161,23 +168,19 @@ class ModelDrafter:
                 failed.append(bad)
                 ranked = own if cfg.greedy else q
                 width = min(self.width, int((ranked > 0).sum()))
-                if cfg.greedy:
-                    picks = torch.topk(own, width).indices
-                else:  # Gumbel top-k: `width` draws without replacement, in the order drawn
+                top, picks = torch.topk(ranked, width)
+                if not cfg.greedy:  # Gumbel top-k: `width` draws without replacement, in the order drawn
                     u = torch.rand(q.shape, generator=generator, device=q.device).clamp_(min=1e-20)
                     picks = torch.topk(torch.where(q > 0, q.log() - (-u.log()).log(), float("-inf")), width).indices
-                # a child's rank: its parent's times the j-th largest probability, not the drawn token's own, so
-                # whether a sampled child is kept never depends on what was drawn there (that would bias it)
-                top = torch.topk(ranked, width).values.tolist()
-                for j, (token, p) in enumerate(zip(picks.tolist(), top)):
-                    nodes.append([token, parent, (1.0 if parent < 0 else nodes[parent][2]) * p, len(qs) - 1, j])
+                above, chain = (1.0, True) if parent < 0 else (nodes[parent][2], nodes[parent][5])
+                for j, (token, p) in enumerate(zip(picks.tolist(), top.tolist())):
+                    nodes.append([token, parent, above * p, len(qs) - 1, j, chain and j == 0])
                     level.append(len(nodes) - 1)
-            best = sorted(level, key=lambda i: (-nodes[i][2], i))[: self.width]
-            leader = nodes[best[0]][2]  # no node below it can rank higher than it
-            last_kept = sorted((n[2] for n in nodes), reverse=True)[cfg.tree_nodes - 1:][:1]
-            if depth == k - 1 or leader < cfg.min_confidence or (last_kept and leader <= last_kept[0]):
+            chain = next(i for i in level if nodes[i][5])
+            if depth == k - 1 or depth + 1 >= cfg.tree_nodes or nodes[chain][2] < cfg.min_confidence:
                 break
-            best.sort()  # parents before children, as TreeInput wants
+            others = sorted((i for i in level if i != chain), key=lambda i: (-nodes[i][2], i))[: self.expand - 1]
+            best = sorted([chain, *others])  # parents before children, as TreeInput wants
             index = {node: j for j, node in enumerate(fed)}
             parents = [index.get(nodes[n][1], -1) for n in fed + best]
             out = self.lm.forward(torch.tensor([nodes[i][0] for i in best], device=dev), keep=len(best),
@@ -185,9 +188,10 @@ class ModelDrafter:
             fed += best
             forwards += 1
             frontier = list(zip(best, out))
-        order = sorted(range(len(nodes)), key=lambda i: (-nodes[i][2], i))[: cfg.tree_nodes]
+        # the chain first, then the others best first: every prefix is a tree (parents, earlier siblings come first)
+        order = sorted(range(len(nodes)), key=lambda i: (not nodes[i][5], -nodes[i][2], i))[: cfg.tree_nodes]
         n = tree_size([nodes[i][2] for i in order], self.pass_cost, forwards)
-        keep = sorted(order[:n])  # every prefix of `order` is a tree: parents and earlier siblings come first
+        keep = sorted(order[:n])
         self.tree = (base, [(nodes[i][0], nodes[i][1], slot) for slot, i in enumerate(fed)])
         if not keep:  # no node pays for its row: a plain step
             return Draft(torch.empty(0, dtype=torch.long, device=dev), None)
@@ -196,15 +200,11 @@ class ModelDrafter:
         parents = [renumber.get(nodes[i][1], -1) for i in keep]
         q = None
         if not cfg.greedy:  # each node's q: its parent's, without the siblings drawn before it, renormalised
-            rows = []
-            for i in keep:
-                token, parent, _, row, j = nodes[i]
-                earlier = [n[0] for n in nodes if n[1] == parent and n[3] == row and n[4] < j]
-                rows.append(without(qs[row], earlier))
-            q = torch.stack(rows)
+            earlier = lambda node: [m[0] for m in nodes if m[3] == node[3] and m[4] < node[4]]
+            q = torch.stack([without(qs[nodes[i][3]], earlier(nodes[i])) for i in keep])
         shown = torch.stack([raw[nodes[i][3]] for i in keep]) if cfg.record_top else None
-        return Draft(tokens, q, shown, None, torch.stack(failed).any(), parents,
-                     sum(nodes[i][2] for i in keep))
+        return Draft(tokens, q, shown, None, torch.stack(failed).any(), parents, sum(nodes[i][2] for i in keep))
+
 
 class PromptLookupDrafter:
     """No model: find the latest earlier occurrence of the last n tokens and propose what followed.

@@ -82,8 +82,8 @@ def hybrid(pair):  # copying from a single earlier token, so that copied and dra
 TREE = dict(CFG, tree_nodes=5)
 
 
-def narrow_tree(pair):  # two children a node: siblings that were not drawn first carry a renormalised q
-    return ModelDrafter(pair.cached("draft"), width=2)
+def narrow_tree(pair):  # two children a node, both expanded: siblings not drawn first carry a renormalised q
+    return ModelDrafter(pair.cached("draft"), width=2, expand=2)
 
 
 @pytest.mark.parametrize("cfg, drafter", [(CFG, "model"), (dict(CFG, temperature=0.7, top_p=0.9), "model"),

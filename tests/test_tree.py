@@ -80,15 +80,15 @@ def test_tree_forward_then_compact_leaves_the_cache_a_plain_pass_would(tiny):
     assert torch.allclose(lm.forward(nxt, keep=1), plain.forward(nxt, keep=1), atol=1e-5)
 
 
-@pytest.mark.parametrize("width", [1, 2, 4])
+@pytest.mark.parametrize("width, expand", [(1, 1), (2, 1), (4, 1), (2, 2), (4, 3)])
 @pytest.mark.parametrize("k", [1, 3, 8])
-def test_greedy_tree_equals_autoregressive(tiny_set, width, k):
+def test_greedy_tree_equals_autoregressive(tiny_set, width, expand, k):
     for draft in ("perturbed", "unrelated"):
         pair = with_eos(tiny_set[draft], [])
         for n, nodes in ((1, 4), (7, 1), (40, 6), (40, 24)):
             cfg = SpecConfig(k=k, max_new_tokens=n, tree_nodes=nodes)
             ar = generate(pair, PROMPT, cfg, "autoregressive")
-            spec = generate(pair, PROMPT, cfg, drafter=ModelDrafter(pair.cached("draft"), width=width))
+            spec = generate(pair, PROMPT, cfg, drafter=ModelDrafter(pair.cached("draft"), width=width, expand=expand))
             assert spec.token_ids == ar.token_ids and len(spec.token_ids) == n, (draft, width, k, n, nodes)
 
 
@@ -149,3 +149,19 @@ def test_tree_costs_are_timed_once_per_pair(tiny):
     assert sorted(costs.sizes) == list(TREE_PASS_SIZES) and costs.sizes[1] == 1.0
     assert all(c > 0 for c in costs.sizes.values()) and costs.draft > 0
     assert tree_costs(pair) == costs  # kept with the pair, not timed again
+
+
+@pytest.mark.parametrize("min_confidence", [0.0, 0.35])
+def test_a_tree_holds_the_chain_the_chain_drafter_drafts(tiny, min_confidence):
+    ids = tiny.tokenizer.encode("def fib(n): return")
+    cfg = SpecConfig(k=8, min_confidence=min_confidence)
+    chain, tree = ModelDrafter(tiny.cached("draft")), ModelDrafter(tiny.cached("draft"))
+    chain.start(ids)
+    tree.start(ids)
+    expected = chain.propose(ids, 8, cfg, None).tokens.tolist()
+    drafted = tree.propose(ids, 8, dataclasses.replace(cfg, tree_nodes=24), None)
+    first_children, at = [], -1
+    while kids := [i for i, parent in enumerate(drafted.parents) if parent == at]:
+        at = kids[0]
+        first_children.append(int(drafted.tokens[at]))
+    assert first_children == expected and len(drafted) > len(expected)

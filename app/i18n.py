@@ -57,11 +57,13 @@ probabilidades) cai abaixo de um limiar: rascunha muito onde tem certeza e pouco
     "theory_note": (
         "Predicted speedup for K = 1..8 (or up to the chosen K) from this run's measured acceptance rate a, draft "
         "cost c (one draft step / one target step) and verify cost; the dotted curve is the paper's model, which "
-        "assumes a K+1-token pass costs one step. The measured point sits at the run's mean draft length.",
+        "assumes a K+1-token pass costs one step. The measured point sits at the run's mean draft length. A run "
+        "that drafted trees shows, per round, the tokens the draft expected the target to accept beside those it did.",
         "Aceleração prevista para K = 1..8 (ou até o K escolhido) a partir da taxa de aceitação a, do custo do "
         "rascunho c (um passo do rascunho / um passo do alvo) e do custo da verificação medidos nesta execução; a "
         "curva pontilhada é o modelo do artigo, que supõe que uma passada sobre K+1 tokens custa um passo. O ponto "
-        "medido fica no tamanho médio dos rascunhos da execução."),
+        "medido fica no tamanho médio dos rascunhos da execução. Uma execução com árvores mostra, por rodada, os "
+        "tokens que o rascunho esperava ver aceitos ao lado dos que o alvo aceitou."),
     "pair_box": ("Model pair", "Par de modelos"),
     "pair": ("Model pair (target ← draft)", "Par de modelos (alvo ← rascunho)"),
     "custom": ("…or custom TARGET_ID,DRAFT_ID", "…ou um par próprio ALVO_ID,RASCUNHO_ID"),
@@ -96,7 +98,8 @@ probabilidades) cai abaixo de um limiar: rascunha muito onde tem certeza e pouco
     "positions_plot": ("Acceptance by position", "Aceitação por posição"),
     "inspector": ("Inspect a drafted token", "Inspecionar um token rascunhado"),
     "round": ("Round", "Rodada"),
-    "position": ("Position in the round (K+1 = target's token)", "Posição na rodada (K+1 = token do alvo)"),
+    "position": ("Position in the round, or node of its tree (the last = target's token)",
+                 "Posição na rodada, ou nó da sua árvore (o último = token do alvo)"),
     "pq": ("p vs q", "p vs q"),
     "theory": ("Theory next to measurement", "Teoria ao lado da medição"),
     "theory_plot": ("Theory", "Teoria"),

@@ -143,9 +143,10 @@ class ModelDrafter:
         token; the chain goes as deep as a chain would (k, cut where the product of its probabilities
         falls below cfg.min_confidence). A node's rank is its path probability under the draft, the j-th
         child counted at its parent's j-th largest probability. Each level feeds the draft, in one
-        forward with a tree mask, the chain's node and the `expand` - 1 best others (on a CPU, where each
-        token of a forward costs more, 2: one alternative branch grows beside the chain; the others stay
-        leaves, drawn from distributions the chain computes anyway). The chain is kept, then the best
+        forward with a tree mask, the chain's node and the `expand` - 1 best others whose rank is still at
+        least cfg.min_confidence (on a CPU, where each token of a forward costs more, `expand` is 2: one
+        branch grows beside the chain; the rest are leaves, drawn from distributions the chain computes
+        anyway). The chain is kept, then the best
         alternatives, as many as pay for their rows: n nodes are worth 1 + (the sum of their ranks)
         expected tokens (the draft's own estimate) for a target pass of n + 1 tokens, whose cost
         `pass_cost` says. No node ranks above its parent or an earlier sibling, so what is kept is a
@@ -179,7 +180,9 @@ class ModelDrafter:
             chain = next(i for i in level if nodes[i][5])
             if depth == k - 1 or depth + 1 >= cfg.tree_nodes or nodes[chain][2] < cfg.min_confidence:
                 break
-            others = sorted((i for i in level if i != chain), key=lambda i: (-nodes[i][2], i))[: self.expand - 1]
+            # other branches grow while the draft believes in them as much as a chain must to go on
+            others = sorted((i for i in level if i != chain and nodes[i][2] >= cfg.min_confidence),
+                            key=lambda i: (-nodes[i][2], i))[: self.expand - 1]
             best = sorted([chain, *others])  # parents before children, as TreeInput wants
             index = {node: j for j, node in enumerate(fed)}
             parents = [index.get(nodes[n][1], -1) for n in fed + best]

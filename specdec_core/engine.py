@@ -12,13 +12,13 @@ from typing import Iterator
 
 import torch
 
+from .cache import TreeInput
 from .config import MAX_K, MAX_PROMPT_CHARS, SpecConfig
 from .drafters import Draft, EarlyExitDrafter, HybridDrafter, ModelDrafter, NoDrafter, PromptLookupDrafter
 from .events import Result, RoundEvent, summarize
 from .sampling import NON_FINITE, NonFiniteLogitsError, warp
 from .text import encode_prompt
-from .cache import TreeInput
-from .verify import decide, decide_tree
+from .verify import TreeDecision, decide, decide_tree
 
 
 class Clock:
@@ -141,7 +141,9 @@ def decode(pair, prompt_ids: list[int], cfg: SpecConfig, drafter, method: str, j
         #    (a tree: every node in that one pass, each seeing only its ancestors)
         x = draft.tokens.to(target.device)
         q = None if draft.q is None else draft.q.to(target.device)
-        tree = None if draft.parents is None else TreeInput([-1] + [parent + 1 for parent in draft.parents])
+        # (a tree of one branch is verified as the chain it is: no mask, the same decision)
+        chain = draft.parents is None or draft.parents == list(range(-1, len(draft) - 1))
+        tree = None if chain else TreeInput([-1] + [parent + 1 for parent in draft.parents])
         logits = target.forward(torch.cat([torch.tensor(ids[-1:], device=target.device), x]), keep=len(draft) + 1,
                                 tree=tree)
         p, failed = warp(logits, cfg.temperature, cfg.top_k, cfg.top_p)
@@ -167,7 +169,7 @@ def decode(pair, prompt_ids: list[int], cfg: SpecConfig, drafter, method: str, j
         drafter.commit(ids)
         target.check()
         assert target.length == len(ids) - 1 and n_gen <= cfg.max_new_tokens
-        if cfg.adaptive and r.drafted and tree is None:  # grow after a full acceptance, shrink after a rejection
+        if cfg.adaptive and r.drafted and draft.parents is None:  # grow after a full acceptance, shrink after a rejection
             k = min(k + 1, MAX_K) if r.accepted == len(r.drafted) else max(1, k - 1)
         draft_s, verify_s = clock.between(t0, t1), clock.between(t1, t2)
         round_s = clock.lap()
@@ -177,7 +179,7 @@ def decode(pair, prompt_ids: list[int], cfg: SpecConfig, drafter, method: str, j
             token_kind="target" if method == "autoregressive" else "replacement" if r.rejected else "bonus",
             p_drafted=r.p_drafted, q_drafted=r.q_drafted, accept_probs=r.accept_probs, uniforms=r.uniforms,
             p_token=r.p_token, target_top=r.target_top, draft_top=r.draft_top, residual_top=r.residual_top,
-            parents=draft.parents, path=r.path if tree is not None else None, expected=draft.expected,
+            parents=draft.parents, path=None if draft.parents is None else r.path, expected=draft.expected,
             prefill_s=prefill_s if rnd == 1 else 0.0, draft_s=draft_s, verify_s=verify_s,
             overhead_s=max(round_s - draft_s - verify_s, 0.0), elapsed_s=clock.elapsed,
             n_generated=n_gen, finished=finish is not None, finish_reason=finish)
@@ -218,10 +220,10 @@ def read_round(x, q, p, d, failed, size, logits, draft_logits, cfg: SpecConfig) 
     p_token = d.dist.gather(0, d.token.view(1))[0]
     drafted = torch.tensor(float(k), device=p.device) if size is None else size.float()
     head = torch.stack([failed.float(), d.n_accepted.float(), d.token.float(), d.rejected.float(), p_token, drafted])
-    on_path = getattr(d, "on_path", None)
-    parts = [head, x.float(), p[rows, x] if on_path is None else d.p_x, q_x, d.accept_probs, d.uniforms]
-    if on_path is not None:
-        parts.append(on_path.float())
+    tree = isinstance(d, TreeDecision)
+    parts = [head, x.float(), d.p_x if tree else p[rows, x], q_x, d.accept_probs, d.uniforms]
+    if tree:
+        parts.append(d.on_path.float())
     tops = []
     if n_top:
         shown_p = torch.softmax(logits.float(), -1) if cfg.greedy else p
@@ -242,7 +244,7 @@ def read_round(x, q, p, d, failed, size, logits, draft_logits, cfg: SpecConfig) 
 
     columns = [take(k) for _ in range(5)]
     drafted, p_x, q_x, accept, uniforms = (c[:cut] for c in columns)
-    path = [i for i, x in enumerate(take(k)) if x] if on_path is not None else list(range(int(n)))
+    path = [i for i, x in enumerate(take(k)) if x] if tree else list(range(int(n)))
     tables = []
     for top in tops:
         n_rows, width = top.indices.shape

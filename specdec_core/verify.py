@@ -11,9 +11,10 @@ distribution, whatever q is, provided q is the distribution x was actually sampl
 for the CPU in the middle of a round; `verify` is the same decision read back as Python numbers.
 
 **Trees** (`decide_tree`). A node may have several children: candidates for the same position. They
-are judged one after another, each against what the earlier ones left (recursive rejection sampling,
-as in SpecInfer's multi-step speculative sampling, Miao et al. 2024, and in Yang et al. 2024's
-multi-candidate speculative decoding). At a node whose target distribution is p:
+are judged one after another, each against what the earlier ones left: recursive rejection sampling,
+as in SpecInfer's multi-step speculative sampling (Miao et al. 2024), here with the children drawn
+without replacement, as in recursive speculative decoding (Jeon et al. 2024). At a node whose target
+distribution is p:
   child 1, x_1 drawn from q_1, is accepted with probability min(1, p(x_1) / q_1(x_1));
   if not, p becomes the residual norm(max(0, p - q_1)) and child 2 is judged against it with its q_2;
   and so on; if every child is rejected (or the node has none) the token is sampled from what p is then.
@@ -24,8 +25,12 @@ distribution given that prefix. The one requirement: q_i is the distribution x_i
 the earlier siblings*. Children drawn without replacement (Gumbel top-k) carry q with the earlier
 siblings removed and renormalised; deterministic children (greedy drafts) carry a point mass, for
 which the rule accepts x_i when it is the target's argmax and otherwise passes p on unchanged (p(x_i)
-is 0 then), so greedy output is the target's own token for token. A chain is the tree whose nodes
-each have one child, and there `decide_tree` makes the same draws and the same choices as `decide`.
+is 0 then), so greedy output is the target's own token for token. And whether a child is in the tree
+at all may depend on anything but the token drawn there (else the kept children are a biased sample:
+the drafter ranks the j-th child by its parent's j-th largest probability, not by its own). Chosen
+because it is exact for any q, point masses included, uses nothing but the one pass's p, and is the
+chain rule when every node has one child: there `decide_tree` makes the same draws and choices as
+`decide`.
 """
 from __future__ import annotations
 
@@ -127,36 +132,40 @@ def decide_tree(tokens: torch.Tensor, parents: list[int], q: torch.Tensor | None
     each node was drawn from given its earlier siblings (None: point masses); p [n+1, V]: the target's
     distribution after the root (row 0) and after each node (row i+1). The structure is host data; every
     value stays on the device, read back with the rest of the round."""
-    n, device = tokens.numel(), p.device
+    n, vocab, device = tokens.numel(), p.shape[-1], p.device
     assert p.shape[0] == n + 1, f"p must have n+1={n + 1} rows, got {p.shape[0]}"
-    if q is None:
-        q = point_mass(tokens, p.shape[-1])
+    q_of = (lambda c: q[c]) if q is not None else (lambda c: torch.nn.functional.one_hot(tokens[c], vocab).float())
     children: dict[int, list[int]] = {}
     for i, parent in enumerate(parents):
         assert parent < i, "a node's parent must come before it"
         children.setdefault(parent + 1, []).append(i)
     uniforms = torch.rand(n, generator=generator, device=device)
     false = torch.zeros((), dtype=torch.bool, device=device)
-    accept, p_x, hit, leftover = [None] * n, [None] * n, [false] * n, []
-    for row in range(n + 1):
+    accept, p_x, hit = [None] * n, [None] * n, [false] * n
+    for row, kids in children.items():
         cur, taken = p[row], false
-        for c in children.get(row, ()):
+        for j, c in enumerate(kids):
             p_x[c] = cur[tokens[c]]
-            accept[c] = accept_probabilities(p_x[c], q[c, tokens[c]])
+            accept[c] = accept_probabilities(p_x[c], q[c, tokens[c]] if q is not None else torch.ones((), device=device))
             hit[c] = ~taken & (uniforms[c] < accept[c])
-            cur = torch.where(taken | hit[c], cur, residual_distribution(cur, q[c]))
+            if j + 1 < len(kids):  # the next sibling is judged against what this one left
+                cur = torch.where(taken | hit[c], cur, residual_distribution(cur, q_of(c)))
             taken = taken | hit[c]
-        leftover.append(cur)
     on_path = []
     for i, parent in enumerate(parents):  # a node is on the path when its parent is and it was accepted
         on_path.append(hit[i] & (on_path[parent] if parent >= 0 else True))
     on_path = torch.stack(on_path) if n else torch.zeros(0, dtype=torch.bool, device=device)
-    rows = torch.cat([torch.ones(1, dtype=torch.bool, device=device), on_path])
     # the path's last node: of the rows reached, the latest (a path's nodes come in increasing order)
+    rows = torch.cat([torch.ones(1, dtype=torch.bool, device=device), on_path])
     end = (rows.long() * torch.arange(n + 1, device=device)).argmax().view(1)
-    has_children = torch.tensor([row in children for row in range(n + 1)], device=device)
-    dist = torch.stack(leftover).index_select(0, end)[0]
+    # its children were all rejected: the token comes from p there with each of them taken out in turn
+    width = max((len(kids) for kids in children.values()), default=0)
+    table = torch.tensor([(children.get(row, []) + [n] * width)[:width] for row in range(n + 1)], device=device)
+    dist = p.index_select(0, end)[0]
+    for c in (table.index_select(0, end)[0] if width else []):
+        real = c < n  # a row with fewer children is padded with n
+        dist = torch.where(real, residual_distribution(dist, q_of(c.clamp(max=n - 1))), dist)
     token = torch.multinomial(dist, 1, generator=generator)[0]
     accept, p_x = (torch.stack(v) if n else p.new_zeros(0) for v in (accept, p_x))
-    return TreeDecision(on_path.long().sum(), token, accept, uniforms, has_children.index_select(0, end)[0], dist,
-                        on_path, p_x)
+    return TreeDecision(on_path.long().sum(), token, accept, uniforms, table.index_select(0, end)[0, 0] < n
+                        if width else false, dist, on_path, p_x)

@@ -29,7 +29,11 @@ def test_bench_writes_json_and_table(tmp_path, capsys):
 @pytest.mark.slow  # four variants, each through every simulated rate and the race
 def test_gpu_bench_runs_on_a_small_shape(tmp_path):
     cpu_run = tmp_path / "cpu.json"  # per-prompt acceptance as the CPU bench writes it
-    cpu_run.write_text(json.dumps({"prompts": [{"id": "code", "spec": {"acceptance_rate": 0.7}}]}))
+    prompts = [{"id": "code", "spec": {"acceptance_rate": 0.7}}]  # as the CPU bench writes them, chain and tree
+    cpu_run.write_text(json.dumps({"variants": {
+        "off, chain": {"settings": {"tree_nodes": 0}, "prompts": prompts},
+        "off, tree of 16": {"settings": {"tree_nodes": 16}, "prompts": prompts,
+                            "summary": {"accepted_per_pass_mean": 3.0, "depth_per_round_mean": 5.0}}}}))
     # "eager": the compiled-step path (static caches, padded sizes, dynamo) without a compiler backend
     report = gpu_bench.main(["--shapes", "tiny", "--device", "cpu", "--dtype", "float32", "--context", "32",
                              "--max-new-tokens", "24", "--graphs", "off,eager", "--attention", "sdpa,grouped",
@@ -46,8 +50,25 @@ def test_gpu_bench_runs_on_a_small_shape(tmp_path):
         assert runs["a=0.5"]["accepted_per_round"] < runs["a=0.9"]["accepted_per_round"] <= 4
         assert all(r["tokens_per_s"] > 0 and r["predicted_tokens_per_s"] > 0 for r in runs.values())
         assert v["race"]["a"] == 0.9 and v["race"]["speedup"] > 0
+        for n, tree in v["trees"].items():  # 1 + 3 tokens a round for 5 draft forwards and a pass of n + 1
+            cost = v["pass_cost_vs_step"][n + 1]
+            assert tree["predicted_speedup"] == pytest.approx(4 / (5 * v["draft_cost_c"] + cost))
     assert report["local_dir_check"]["greedy_identical"] and report["local_dir_check"]["sampled_tokens"] == 40
     assert json.loads((tmp_path / "gpu.json").read_text())["variants"][3]["graphs"] == "eager"
+
+
+def test_bench_compares_chains_and_trees_in_one_run(tmp_path, capsys):
+    report = bench.main(["--pair", "tiny", "--max-new-tokens", "16", "--limit", "2", "--json", str(tmp_path / "t.json"),
+                         "--dtype", "float32", "--device", "cpu", "--tree", "0,6"])
+    chain, tree = report["variants"]["off, chain"], report["variants"]["off, tree of 6"]
+    assert chain["settings"]["tree_nodes"] == 0 and tree["settings"]["tree_nodes"] == 6
+    assert chain["pass_costs"] is None and set(tree["pass_costs"]["sizes"]) == {1, 2, 4, 8, 16, 32, 65}
+    for run in (chain, tree):
+        assert all(e["identical_to_ar"] for e in run["prompts"])
+        assert {"accepted_per_pass_mean", "drafted_per_round_mean", "depth_per_round_mean"} <= set(run["summary"])
+    assert all(e["spec"]["drafted_per_round"] <= 6 for e in tree["prompts"])
+    assert (tmp_path / "t-off-tree-of-6.html").exists()
+    assert "accepted/pass" in capsys.readouterr().out
 
 
 def test_transformers_constant_k_really_drafts_k_tokens(tiny):

@@ -10,14 +10,18 @@ from specdec_core.models import enable_graphs, make_pair
 from specdec_core.models.attention import GROUPED
 from specdec_core.models.tiny import tiny_models
 
+from .conftest import FLAT_COSTS
+
 CONFIGS = [SpecConfig(k=4, max_new_tokens=40), SpecConfig(k=16, max_new_tokens=50),
-           SpecConfig(k=3, max_new_tokens=30, temperature=1.0, seed=3), SpecConfig(k=2, max_new_tokens=30, adaptive=True)]
+           SpecConfig(k=3, max_new_tokens=30, temperature=1.0, seed=3), SpecConfig(k=2, max_new_tokens=30, adaptive=True),
+           SpecConfig(k=4, max_new_tokens=40, tree_nodes=12), SpecConfig(k=3, max_new_tokens=30, temperature=1.0, seed=3,
+                                                                        tree_nodes=8)]
 
 
 @pytest.fixture()
 def fresh_pair():
     target, draft, tok = tiny_models(seed=7)
-    pair = make_pair("tiny", target, draft, tok, torch.device("cpu"), torch.float32)
+    pair = make_pair("tiny", target, draft, tok, torch.device("cpu"), torch.float32, FLAT_COSTS)
     return dataclasses.replace(pair, eos_ids=frozenset())
 
 

@@ -109,7 +109,8 @@ def run_prompt(pair, item, cfg, drafter_name, compare_hf, hf_k, repeats=1) -> di
     ar, spec = fastest(ars, lambda r: r.stats.seconds), fastest(specs, lambda r: r.stats.seconds)
     entry = {"id": item["id"], "category": item.get("category", ""), "prompt_tokens": len(ids),
              "ar": pick(ar.stats, OWN_KEYS),
-             "spec": {**pick(spec.stats, SPEC_KEYS), "drafted_per_round": spec.stats.drafted / spec.stats.rounds},
+             "spec": {**pick(spec.stats, SPEC_KEYS), "drafted_per_round": spec.stats.drafted / spec.stats.rounds,
+                      "depth_per_round": statistics.mean(e.depth for e in spec.events)},
              "speedup": spec.stats.tokens_per_s / ar.stats.tokens_per_s,
              "decode_speedup": spec.stats.decode_tokens_per_s / ar.stats.decode_tokens_per_s,
              "predicted_speedup": predicted_speedup(ar, spec),
@@ -138,6 +139,7 @@ def summarize(entries: list[dict]) -> dict:
            "acceptance_rate_median": statistics.median(e["spec"]["acceptance_rate"] for e in entries),
            "accepted_per_pass_mean": statistics.mean(e["spec"]["mean_accepted_length"] for e in entries),
            "drafted_per_round_mean": statistics.mean(e["spec"]["drafted_per_round"] for e in entries),
+           "depth_per_round_mean": statistics.mean(e["spec"]["depth_per_round"] for e in entries),
            "identical": sum(e["identical_to_ar"] for e in entries), "prompts": len(entries)}
     if all("speedup_vs_hf" in e for e in entries):
         out["speedup_vs_hf_median"] = med("speedup_vs_hf")

@@ -17,6 +17,9 @@ shapes) and each way of running decoding steps (--graphs: off, or compiled with 
   bench JSON);
 - the app's race (both decoders taking turns on one target) at the middle a asked for, against the
   same decoders run alone: the race must show the same ratio;
+- token trees of 16, 32 and 64 nodes: their pass's cost, and the speedup predicted at the tokens a
+  tree accepted a pass and the depth it reached on the bundled pair (when the --acceptance-from run
+  has a tree variant: `python -m specdec_core.bench --tree 0,16`);
 - each with transformers' SDPA attention and with grouped attention (--attention), which reads the
   key and value heads as they are instead of repeating them over the static cache.
 """
@@ -126,6 +129,11 @@ def measure(pair, args, graphs: str, attention: str, accepts: dict[str, float], 
                       "measured_over_predicted": rate / predicted,
                       "accepted_per_round": statistics.mean(e.accepted for e in events)}
     race = race_rates(pair, prompt, cfg, simulated(accepts[race_at]))
+    trees = {}
+    if args.tree:  # a tree of n nodes: `depth` draft forwards of up to TREE_WIDTH tokens, one pass of n + 1
+        for n in (16, 32, 64):
+            cost = args.tree["depth"] * c + passes[n + 1]
+            trees[n] = {"pass_cost_vs_step": passes[n + 1], "predicted_speedup": (1 + args.tree["accepted"]) / cost}
     return {
         "graphs": graphs, "target_step_ms": step, "draft_step_ms": draft_step, "draft_cost_c": c,
         "pass_cost_vs_step": passes, "measure_and_compile_s": compile_s,
@@ -133,6 +141,7 @@ def measure(pair, args, graphs: str, attention: str, accepts: dict[str, float], 
                             for role, ms in (("target", step), ("draft", draft_step))},
         "plain_tokens_per_s": plain, "greedy_identical": ids(plain_events) == ids(spec_events),
         "simulated": runs,
+        "trees": trees,
         "race": {"a": accepts[race_at], "plain_tokens_per_s": race["plain"], "spec_tokens_per_s": race["spec"],
                  "speedup": race["spec"] / race["plain"], "speedup_alone": runs[race_at]["speedup"]},
     }
@@ -171,6 +180,9 @@ def table(report: dict) -> str:
                     f"{v['plain_tokens_per_s']:>12.1f}  {sims}")
         r = v["race"]
         rows.append(f"{'':<25}race at a={r['a']:g}: {r['speedup']:.2f}x (alone {r['speedup_alone']:.2f}x)")
+        if v["trees"]:
+            rows.append(f"{'':<25}trees, predicted at the bundled pair's tokens a pass: " + "; ".join(
+                f"{n} nodes {t['pass_cost_vs_step']:.2f} steps, {t['predicted_speedup']:.2f}x" for n, t in v["trees"].items()))
     return "\n".join(rows)
 
 
@@ -191,14 +203,20 @@ def main(argv=None) -> dict:
     ap.add_argument("--budget-s", type=float, default=420, help="skip the remaining variants after this long")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    args.tree = None  # from --acceptance-from, when that run drafted trees
     device, dtype = pick_device(args.device), getattr(torch, args.dtype)
     accepts = {f"a={a}": float(a) for a in args.accept.split(",")}
     race_at = list(accepts)[len(accepts) // 2]  # the middle rate asked for
     if args.acceptance_from:
         with open(args.acceptance_from) as f:
             run = json.load(f)
-        run = next(iter(run["variants"].values())) if "variants" in run else run  # the first target of a comparison
+        variants = list(run["variants"].values()) if "variants" in run else [run]
+        run = variants[0]  # the first target of a comparison
         accepts.update({e["id"]: e["spec"]["acceptance_rate"] for e in run["prompts"]})
+        tree = next((v for v in variants if v["settings"].get("tree_nodes")), None)
+        if tree:  # its tokens accepted a pass at the bundled pair's acceptance, and how deep its trees went
+            args.tree = {"nodes": tree["settings"]["tree_nodes"], "accepted": tree["summary"]["accepted_per_pass_mean"],
+                         "depth": tree["summary"]["depth_per_round_mean"]}
     start = time.perf_counter()
     report = {"device": torch.cuda.get_device_name() if device.type == "cuda" else str(device), "dtype": args.dtype,
               "context": args.context, "max_new_tokens": args.max_new_tokens, "k": args.k, "peak_tbs": args.peak_tbs,

@@ -8,7 +8,6 @@ import statistics
 import torch
 
 from ..cache import STEP_SIZES, StaticSteps
-from ..drafters import TREE_WIDTH
 from ..engine import Clock
 from ..theory import PassCosts
 from .attention import GROUPED
@@ -157,16 +156,23 @@ def load_hub_pair(target_id: str, draft_id: str, device: torch.device, dtype: to
 
 def pass_ms(pair: Pair, role: str, context: int, n: int, reps: int = 10) -> float:
     """Median milliseconds of an n-token pass of the target or the draft after `context` tokens."""
+    return passes_ms(pair, role, context, (n,), reps)[n]
+
+
+def passes_ms(pair: Pair, role: str, context: int, sizes, reps: int = 10, warm: int = 3) -> dict[int, float]:
+    """pass_ms for several sizes, after one prefill: {n: median milliseconds}."""
     lm = pair.cached(role)
     lm.prefill(list(range(1, context)))
-    x = torch.ones(n, dtype=torch.long, device=lm.device)
-    clock, times = Clock(lm.device), []
-    for _ in range(reps + 3):  # the first calls warm up (and compile, when compiled)
-        clock.lap(sync=True)
-        lm.forward(x, keep=n)
-        times.append(clock.lap(sync=True))
-        lm.crop(context - 1)
-    return statistics.median(times[3:]) * 1000
+    clock, out = Clock(lm.device), {}
+    for n in sizes:
+        x, times = torch.ones(n, dtype=torch.long, device=lm.device), []
+        for _ in range(reps + warm):  # the first calls warm up (and compile, when compiled)
+            clock.lap(sync=True)
+            lm.forward(x, keep=n)
+            times.append(clock.lap(sync=True))
+            lm.crop(context - 1)
+        out[n] = statistics.median(times[warm:]) * 1000
+    return out
 
 
 def probe_costs(pair: Pair, k: int = 4, context: int = 128) -> dict:
@@ -182,10 +188,10 @@ TREE_PASS_SIZES = (1, 2, 4, 8, 16, 32, 65)
 
 def tree_costs(pair: Pair, context: int = 128) -> PassCosts:
     """What sizes token trees on this device: target passes of 1..65 tokens and a draft forward of a tree
-    level, relative to the target's one-token step. Timed once per pair (a few seconds on a CPU), then kept."""
+    level (two tokens), relative to the target's one-token step. Timed once per pair, then kept."""
     if "pass_costs" not in pair.info:
-        ms = {n: pass_ms(pair, "target", context, n, reps=3) for n in TREE_PASS_SIZES}
+        ms = passes_ms(pair, "target", context, TREE_PASS_SIZES, reps=3, warm=1)
         sizes = {n: t / ms[1] for n, t in ms.items()}
-        draft = pass_ms(pair, "draft", context, TREE_WIDTH, reps=3) / ms[1] if pair.draft is not None else 0.0
+        draft = passes_ms(pair, "draft", context, (2,), reps=3, warm=1)[2] / ms[1] if pair.draft is not None else 0.0
         pair.info["pass_costs"] = {"sizes": sizes, "draft": draft}
     return PassCosts(**pair.info["pass_costs"])

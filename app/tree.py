@@ -51,15 +51,13 @@ def tree_html(e: RoundEvent | None, label, lang: str = "en") -> str:
     if e is None or e.parents is None:
         return ""
     n, kinds = len(e.drafted), states(e)
-    depth, row, rows = layout(e.parents)
     end = e.path[-1] if e.path else -1
-    own = n  # the target's own token, drawn after the path's last node
-    depth.append((depth[end] if end >= 0 else 0) + 1)
-    row.append(row[end] if end >= 0 else 0)
+    # the target's own token is drawn as the last child of the path's end: after the rejected ones, if any
+    depth, row, rows = layout(e.parents + [end])
     kinds.append("replacement" if e.token_kind == "replacement" else "bonus")
     x = lambda d: PAD + d * (W + GAP_X)
     y = lambda r: PAD + r * (H + GAP_Y)
-    width, height = x(max(depth, default=0) + 1), y(max(rows, row[own] + 1))
+    width, height = x(max(depth) + 1), y(rows)
     edges, boxes = [], []
     for i in range(n + 1):
         parent = (e.parents[i] if i < n else end)

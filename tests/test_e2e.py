@@ -58,6 +58,8 @@ def test_generate_endpoint_returns_the_engines_own_output(app, engine_pair):
     (dict(prompt="x" * 100_000), "characters"),
     (dict(prompt="x" * 5000), "context"),
     (dict(prompt="hi", drafter="oracle"), "drafter"),
+    (dict(prompt="hi", tree_nodes=65), "tree_nodes"),
+    (dict(prompt="hi", tree_nodes=-1), "tree_nodes"),
 ])
 def test_bad_input_gets_a_clear_error_and_the_server_lives(app, kwargs, message):
     client = app.client()

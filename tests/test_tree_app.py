@@ -47,6 +47,9 @@ def test_the_drawing_marks_every_node_and_escapes_tokens():
     assert re.findall(r'data-pos="(\d+)"', drawn) == ["1", "2", "3", "4", "5"]
     assert drawn.count("tn-accepted") == 3 and drawn.count("te-on") == 3  # two on the path, and the legend
     assert tree_html(event([-1, 0], [0]), str, "pt").count("caminho aceito") == 1
+    boxes = lambda drawn: re.findall(r'<rect x="(\d+)" y="(\d+)"', drawn)
+    rejected_at_root = tree_html(event([-1, -1, 0], []), str)  # both first choices rejected
+    assert len(set(boxes(rejected_at_root))) == 4  # the target's token has a place of its own
     assert tree_html(None, str) == "" and tree_html(dataclasses.replace(event([-1], []), parents=None), str) == ""
 
 

@@ -28,7 +28,9 @@ class SpecConfig:
     adaptive: bool = False  # grow K after a fully accepted round, shrink it after a rejection
     min_confidence: float = 0.0  # stop a draft once the product of its top probabilities falls below this; 0 = off
     record_top: int = 0  # top-n probabilities kept per position in events (the app's inspector asks for 5); 0 = none
-    tree_nodes: int = 0  # draft a token tree of up to this many nodes (depth up to k) instead of a chain; 0 = a chain
+    # draft a token tree of up to this many nodes (depth up to k) instead of a chain; 0 = a chain. How many are
+    # kept follows pass costs timed once per pair, so a seed repeats a sampled tree run within one loaded pair
+    tree_nodes: int = 0
 
     def __post_init__(self):
         for f in fields(self):

@@ -156,13 +156,16 @@ def test_browser_draws_a_draft_tree_and_a_click_on_a_node_opens_it(page):
     assert nodes.input_value() == "12"
     page.locator("#generate").click()
     page.locator("#summary", has_text="identical").wait_for(timeout=60_000)  # greedy trees: still the same output
+    page.locator("#decision", has_text="Round").wait_for(timeout=30_000)  # the inspector has refreshed after the run
+    visible_token(page, "tok-acc").click()  # an accepted token opens its round: the tree pane follows
+    page.locator("#decision", has_text="equal: accepted").wait_for(timeout=30_000)
     attached(page, "#tree-pane svg g.tn-accepted")
     assert page.locator("#tree-pane", has_text="accepted path").count() == 1
+    page.locator("#tree-pane g.tn-replacement, #tree-pane g.tn-bonus").first.click()  # the target's own token
+    page.locator("#decision", has_text=re.compile("own token|bonus token")).wait_for(timeout=30_000)
     page.locator("#tree-pane g.tn-accepted").first.click()
-    page.locator("#decision", has_text="equal: accepted").wait_for(timeout=30_000)
-    assert page.locator("#decision", has_text="depth 1").count() == 1  # the first node of the accepted path
-    page.locator("#tree-pane g.tn-rejected, #tree-pane g.tn-unreached").first.click()
-    page.locator("#decision", has_text=re.compile("different: rejected|Not judged")).wait_for(timeout=30_000)
+    page.locator("#decision", has_text="depth 1").wait_for(timeout=30_000)  # a node: where it sits in the tree
+    assert page.locator("#decision", has_text="equal: accepted").count() == 1
     page.screenshot(path=str(SHOTS / "tree.png"), full_page=True)
     nodes.fill("0")  # the tests after this one race chains again
     nodes.press("Enter")

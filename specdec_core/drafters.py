@@ -23,6 +23,7 @@ from .theory import PassCosts, tree_size
 
 TREE_WIDTH = 4  # a tree node's children
 
+
 @dataclass
 class Draft:
     tokens: torch.Tensor  # [k'] proposed ids, k' <= k
@@ -76,10 +77,10 @@ class ModelDrafter:
                  expand: int | None = None, pass_cost: PassCosts | None = None):
         self.lm = lm
         self.cut_on_device = lm.device.type != "cpu" if cut_on_device is None else cut_on_device
-        # a tree: children per node, nodes fed to the draft per level (one on CPUs), costs that size it
+        # a tree: children per node, nodes fed to the draft per level (two on CPUs), costs that size it
         self.width, self.pass_cost = width, pass_cost
         self.expand = (2 if lm.device.type == "cpu" else width) if expand is None else expand
-        self.tree = None  # after a tree round: (where its nodes start in the cache, [(token, parent, slot)] fed)
+        self.tree = None  # after a tree round: (where its nodes start in the cache, [(token, parent's slot)] per slot)
 
     def start(self, ids):
         self.lm.reset()
@@ -118,22 +119,6 @@ class ModelDrafter:
         shown = torch.stack(raw) if cfg.record_top else None  # the inspector's greedy view only
         return Draft(torch.cat(tokens), torch.stack(qs), shown, size, torch.stack(failed).any())
 
-    def commit(self, ids):
-        # keep only the committed prefix; the newest committed token is fed next round
-        if self.tree:  # a tree round: keep the drafted nodes the committed tokens walk through
-            base, nodes = self.tree
-            kept, at = [], -1
-            for token in ids[base:]:
-                at = next((i for i, (t, parent, _) in enumerate(nodes) if parent == at and t == token), None)
-                if at is None:
-                    break
-                kept.append(nodes[at][2])
-            self.lm.compact(base, kept)
-            self.tree = None
-        self.lm.crop(len(ids) - 1)
-        self.lm.check()
-
-
     def propose_tree(self, ids, k, cfg, generator) -> Draft:
         """A tree of up to cfg.tree_nodes nodes and depth k: the chain this drafter would draft, and
         alternatives beside it, grown a level at a time (EAGLE-2's scheme).
@@ -146,10 +131,9 @@ class ModelDrafter:
         forward with a tree mask, the chain's node and the `expand` - 1 best others whose rank is still at
         least cfg.min_confidence (on a CPU, where each token of a forward costs more, `expand` is 2: one
         branch grows beside the chain; the rest are leaves, drawn from distributions the chain computes
-        anyway). The chain is kept, then the best
-        alternatives, as many as pay for their rows: n nodes are worth 1 + (the sum of their ranks)
-        expected tokens (the draft's own estimate) for a target pass of n + 1 tokens, whose cost
-        `pass_cost` says. No node ranks above its parent or an earlier sibling, so what is kept is a
+        anyway). The chain is kept, then the best alternatives, as many as pay for their rows: n nodes are
+        worth 1 + (the sum of their ranks) expected tokens (the draft's own estimate) for a target pass of
+        n + 1 tokens, whose cost `pass_cost` says. No node ranks above its parent or an earlier sibling, so what is kept is a
         tree whose siblings are the first ones drawn, as verify.decide_tree requires; and a rank never
         depends on the token drawn, so sampled nodes are kept without bias. The levels' choices are read
         on the host (free on a CPU).
@@ -173,9 +157,9 @@ class ModelDrafter:
                 if not cfg.greedy:  # Gumbel top-k: `width` draws without replacement, in the order drawn
                     u = torch.rand(q.shape, generator=generator, device=q.device).clamp_(min=1e-20)
                     picks = torch.topk(torch.where(q > 0, q.log() - (-u.log()).log(), float("-inf")), width).indices
-                above, chain = (1.0, True) if parent < 0 else (nodes[parent][2], nodes[parent][5])
+                above, on_chain = (1.0, True) if parent < 0 else (nodes[parent][2], nodes[parent][5])
                 for j, (token, p) in enumerate(zip(picks.tolist(), top.tolist())):
-                    nodes.append([token, parent, above * p, len(qs) - 1, j, chain and j == 0])
+                    nodes.append([token, parent, above * p, len(qs) - 1, j, on_chain and j == 0])
                     level.append(len(nodes) - 1)
             chain = next(i for i in level if nodes[i][5])
             if depth == k - 1 or depth + 1 >= cfg.tree_nodes or nodes[chain][2] < cfg.min_confidence:
@@ -195,7 +179,8 @@ class ModelDrafter:
         order = sorted(range(len(nodes)), key=lambda i: (not nodes[i][5], -nodes[i][2], i))[: cfg.tree_nodes]
         n = tree_size([nodes[i][2] for i in order], self.pass_cost, forwards)
         keep = sorted(order[:n])
-        self.tree = (base, [(nodes[i][0], nodes[i][1], slot) for slot, i in enumerate(fed)])
+        slot = {node: j for j, node in enumerate(fed)}  # where each fed node sits in the cache, after `base`
+        self.tree = (base, [(nodes[i][0], slot.get(nodes[i][1], -1)) for i in fed])
         if not keep:  # no node pays for its row: a plain step
             return Draft(torch.empty(0, dtype=torch.long, device=dev), None)
         renumber = {old: new for new, old in enumerate(keep)}
@@ -207,6 +192,21 @@ class ModelDrafter:
             q = torch.stack([without(qs[nodes[i][3]], earlier(nodes[i])) for i in keep])
         shown = torch.stack([raw[nodes[i][3]] for i in keep]) if cfg.record_top else None
         return Draft(tokens, q, shown, None, torch.stack(failed).any(), parents, sum(nodes[i][2] for i in keep))
+
+    def commit(self, ids):
+        # keep only the committed prefix; the newest committed token is fed next round
+        if self.tree:  # a tree round: keep the drafted nodes the committed tokens walk through
+            base, nodes = self.tree
+            kept, at = [], -1
+            for token in ids[base:]:
+                at = next((j for j, (t, parent) in enumerate(nodes) if parent == at and t == token), None)
+                if at is None:
+                    break
+                kept.append(at)
+            self.lm.compact(base, kept)
+            self.tree = None
+        self.lm.crop(len(ids) - 1)
+        self.lm.check()
 
 
 class PromptLookupDrafter:

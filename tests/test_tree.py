@@ -7,6 +7,7 @@ import torch
 from specdec_core import SpecConfig, generate, speculative_generate
 from specdec_core.cache import TreeInput
 from specdec_core.drafters import ModelDrafter, without
+from specdec_core.engine import prepare
 from specdec_core.models.load import TREE_PASS_SIZES, tree_costs
 from specdec_core.theory import PassCosts, tree_size
 from specdec_core.verify import decide, decide_tree
@@ -165,3 +166,24 @@ def test_a_tree_holds_the_chain_the_chain_drafter_drafts(tiny, min_confidence):
         at = kids[0]
         first_children.append(int(drafted.tokens[at]))
     assert first_children == expected and len(drafted) > len(expected)
+
+
+def test_the_draft_keeps_every_accepted_node_it_fed(tiny_set):
+    """With the draft equal to the target every chain node is accepted; of a path of depth k, the draft fed
+    all but the last, so after each round its cache holds all of the sequence but the last two tokens."""
+    pair = with_eos(tiny_set["same"], [])
+    cfg = SpecConfig(k=6, max_new_tokens=60, tree_nodes=12)
+    drafter, n_prompt = ModelDrafter(pair.cached("draft")), len(prepare(pair, PROMPT, cfg))
+    forward, fed = drafter.lm.forward, []
+
+    def counting(ids, *args, **kwargs):
+        if kwargs.get("step", True) and kwargs.get("tree") is None:  # a round's catch-up, not the prompt or a level
+            fed.append(ids.numel())
+        return forward(ids, *args, **kwargs)
+
+    drafter.lm.forward = counting
+    for e in speculative_generate(pair, PROMPT, cfg, drafter):
+        assert e.accepted == e.depth  # the whole chain accepted
+        if not e.finished:
+            assert drafter.lm.length == n_prompt + e.n_generated - 2
+    assert fed and max(fed) <= 2  # each round feeds the draft only the two tokens it has not seen

@@ -9,6 +9,7 @@ v: cost of the target's (k+1)-token verification pass relative to a one-token st
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 
 def expected_tokens_per_round(a: float, k: int) -> float:
@@ -56,7 +57,7 @@ class PassCosts:
 
     def verify(self, n: int) -> float:
         points = sorted(self.sizes.items())
-        (n0, c0), (n1, c1) = next(((a, b) for a, b in zip(points, points[1:]) if n <= b[0]), points[-2:])
+        (n0, c0), (n1, c1) = next(((a, b) for a, b in pairwise(points) if n <= b[0]), points[-2:])
         return c0 + (c1 - c0) * (n - n0) / (n1 - n0)
 
 

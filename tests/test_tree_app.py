@@ -59,11 +59,11 @@ def test_a_tree_race_draws_its_rounds_and_every_node_opens_the_inspector(tiny):
     assert race.identical
     shown = view(race)
     last = [e for e in race.spec.events if e.parents is not None][-1]  # a round with room for one token drafts none
-    assert shown.tree == tree_html(last, race.label) and ('data-round="%d"' % last.round) in shown.tree
+    assert shown.tree == tree_html(last, race.label) and f'data-round="{last.round}"' in shown.tree
     e = max(race.spec.events, key=lambda e: len(set(e.parents or [])))  # a round that branched
     seen = set()
     for i, kind in enumerate(states(e)):
-        opened, round_no, position, text, fig, tree = teach.pick(race, f"{e.round},{i + 1},1", "en")
+        _, _, _, text, fig, tree = teach.pick(race, f"{e.round},{i + 1},1", "en")
         expected = {"accepted": "equal: accepted", "rejected": "different: rejected",
                     "unreached": "Not judged"}[kind]
         assert expected in text and f"node {i + 1} of {len(e.drafted)}" in text, (kind, text)

@@ -9,6 +9,8 @@ import weakref
 import torch
 from transformers import DynamicCache, StaticCache
 
+from .events import tree_depths
+
 STEP_SIZES = (1, 2, 4, 8, 16, 32)  # compiled step shapes: a short input is padded up to the next one
 
 
@@ -64,9 +66,7 @@ class TreeInput:
 
     def __init__(self, parents: list[int], fed: int = 0):
         self.parents, self.fed = list(parents), fed
-        self.depth = []
-        for p in self.parents:
-            self.depth.append(0 if p < 0 else self.depth[p] + 1)
+        self.depth = [d - 1 for d in tree_depths(self.parents)]  # 0: right after the cache
 
     def model_inputs(self, length: int, attention: str, device, width: int | None = None) -> dict:
         """Position ids and the attention mask for the unfed nodes, after `length` cached entries;

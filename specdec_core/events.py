@@ -9,6 +9,14 @@ from dataclasses import asdict, dataclass, field
 Top = list[tuple[int, float]]  # (token id, probability), most likely first
 
 
+def tree_depths(parents: list[int]) -> list[int]:
+    """Each node's depth in a tree given as parents (parents first; -1: the root): 1 for the root's children."""
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    return depths
+
+
 @dataclass
 class RoundEvent:
     method: str  # "speculative" | "autoregressive"
@@ -45,12 +53,12 @@ class RoundEvent:
 
     def depth_of(self, i: int) -> int:
         """Draft position i's depth: 1 for the first token after the committed text."""
-        return i + 1 if self.parents is None else 1 + (self.depth_of(self.parents[i]) if self.parents[i] >= 0 else 0)
+        return i + 1 if self.parents is None else tree_depths(self.parents)[i]
 
     @property
     def depth(self) -> int:
         """How deep the draft went: a chain's length, a tree's deepest node."""
-        return max((self.depth_of(i) for i in range(len(self.drafted))), default=0)
+        return len(self.drafted) if self.parents is None else max(tree_depths(self.parents), default=0)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -23,7 +23,7 @@ from .. import SpecConfig, generate, load_pair, make_drafter
 from ..config import DEFAULT_K, DEFAULT_MIN_CONFIDENCE
 from ..engine import prepare
 from ..models.quant import QUANT_MODES
-from ..theory import expected_tree_tokens, measured_costs
+from ..theory import measured_costs
 from ..theory import predicted_speedup as predict
 
 STAT_KEYS = ("tokens", "seconds", "tokens_per_s")
@@ -84,12 +84,10 @@ def hf_assisted(pair, prompt_ids: list[int], cfg: SpecConfig, constant_k: int = 
 def predicted_speedup(ar, spec) -> float:
     """What the cost model predicts from this run's own measurements (acceptance, step times) for
     the draft lengths it used; for trees, from the draft's own expectation of each tree and the rounds' cost."""
-    if any(e.parents is not None for e in spec.events):
-        step = (ar.stats.seconds - ar.stats.prefill_s) / max(ar.stats.tokens, 1)
-        rounds = spec.stats.rounds
-        tokens = sum(expected_tree_tokens([e.expected]) for e in spec.events) / rounds
-        return tokens / ((spec.stats.draft_s + spec.stats.verify_s) / rounds / step)
     a, c, v = measured_costs(ar.stats, spec.stats)
+    if any(e.parents is not None for e in spec.events):  # a round costs its draft (c per node drafted) and its pass
+        rounds = spec.stats.rounds
+        return (1 + sum(e.expected for e in spec.events) / rounds) / (c * spec.stats.drafted / rounds + v)
     return predict(a, [len(e.drafted) for e in spec.events], c, v)
 
 

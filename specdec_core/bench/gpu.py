@@ -39,7 +39,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from .. import SpecConfig, autoregressive_generate, generate, load_pair, speculative_generate, summarize
 from ..models import enable_graphs, make_pair, pick_device
 from ..models.attention import GROUPED
-from ..models.load import pass_ms
+from ..models.load import pass_ms, passes_ms
 from ..models.tiny import tiny_models, tiny_tokenizer
 from ..theory import expected_speedup
 from ..verify import Decision, accepted_prefix
@@ -102,16 +102,17 @@ def race_rates(pair, prompt, cfg, judge) -> dict:
     return {name: summarize(e).decode_tokens_per_s for name, e in events.items()}
 
 
-def measure(pair, args, graphs: str, attention: str, accepts: dict[str, float], race_at: str) -> dict:
+def measure(pair, args, graphs: str, attention: str, accepts: dict[str, float], race_at: str,
+            tree: dict | None = None) -> dict:
     pair.steps.clear()
     for model in (pair.target, pair.draft):
         model.set_attn_implementation(GROUPED if attention == "grouped" else "sdpa")
     t0 = time.perf_counter()
     if graphs != "off":
         enable_graphs(pair, graphs, max_len=args.context + args.max_new_tokens + 96, attention=attention)
-    step = pass_ms(pair, "target", args.context, 1)
-    draft_step = pass_ms(pair, "draft", args.context, 1)
-    passes = {n: pass_ms(pair, "target", args.context, n) / step for n in PASS_SIZES}
+    ms = passes_ms(pair, "target", args.context, (1, *PASS_SIZES))
+    step, draft_step = ms[1], pass_ms(pair, "draft", args.context, 1)
+    passes = {n: ms[n] / step for n in PASS_SIZES}
     compile_s = time.perf_counter() - t0
     c = draft_step / step
     cfg = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens)
@@ -130,10 +131,10 @@ def measure(pair, args, graphs: str, attention: str, accepts: dict[str, float], 
                       "accepted_per_round": statistics.mean(e.accepted for e in events)}
     race = race_rates(pair, prompt, cfg, simulated(accepts[race_at]))
     trees = {}
-    if args.tree:  # a tree of n nodes: `depth` draft forwards of up to TREE_WIDTH tokens, one pass of n + 1
+    if tree:  # a tree of n nodes: `depth` draft forwards of up to TREE_WIDTH tokens, one pass of n + 1
         for n in (16, 32, 64):
-            cost = args.tree["depth"] * c + passes[n + 1]
-            trees[n] = {"pass_cost_vs_step": passes[n + 1], "predicted_speedup": (1 + args.tree["accepted"]) / cost}
+            cost = tree["depth"] * c + passes[n + 1]
+            trees[n] = {"pass_cost_vs_step": passes[n + 1], "predicted_speedup": (1 + tree["accepted"]) / cost}
     return {
         "graphs": graphs, "target_step_ms": step, "draft_step_ms": draft_step, "draft_cost_c": c,
         "pass_cost_vs_step": passes, "measure_and_compile_s": compile_s,
@@ -203,7 +204,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--budget-s", type=float, default=420, help="skip the remaining variants after this long")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    args.tree = None  # from --acceptance-from, when that run drafted trees
+    tree = None  # from --acceptance-from, when that run drafted trees
     device, dtype = pick_device(args.device), getattr(torch, args.dtype)
     accepts = {f"a={a}": float(a) for a in args.accept.split(",")}
     race_at = list(accepts)[len(accepts) // 2]  # the middle rate asked for
@@ -213,10 +214,10 @@ def main(argv=None) -> dict:
         variants = list(run["variants"].values()) if "variants" in run else [run]
         run = variants[0]  # the first target of a comparison
         accepts.update({e["id"]: e["spec"]["acceptance_rate"] for e in run["prompts"]})
-        tree = next((v for v in variants if v["settings"].get("tree_nodes")), None)
-        if tree:  # its tokens accepted a pass at the bundled pair's acceptance, and how deep its trees went
-            args.tree = {"nodes": tree["settings"]["tree_nodes"], "accepted": tree["summary"]["accepted_per_pass_mean"],
-                         "depth": tree["summary"]["depth_per_round_mean"]}
+        trees = next((v for v in variants if v["settings"].get("tree_nodes")), None)
+        if trees:  # its tokens accepted a pass at the bundled pair's acceptance, and how deep its trees went
+            tree = {"accepted": trees["summary"]["accepted_per_pass_mean"],
+                    "depth": trees["summary"]["depth_per_round_mean"]}
     start = time.perf_counter()
     report = {"device": torch.cuda.get_device_name() if device.type == "cuda" else str(device), "dtype": args.dtype,
               "context": args.context, "max_new_tokens": args.max_new_tokens, "k": args.k, "peak_tbs": args.peak_tbs,
@@ -241,7 +242,7 @@ def main(argv=None) -> dict:
                 entry["skipped"] = "time budget"
             else:
                 try:
-                    entry.update(measure(pair, args, graphs, attention, accepts, race_at))
+                    entry.update(measure(pair, args, graphs, attention, accepts, race_at, tree))
                 except Exception as err:  # report it and go on with the next variant
                     entry["error"] = repr(err)[:500]
             report["variants"].append(entry)

@@ -178,9 +178,8 @@ def passes_ms(pair: Pair, role: str, context: int, sizes, reps: int = 10, warm: 
 def probe_costs(pair: Pair, k: int = 4, context: int = 128) -> dict:
     """The draft's step (c) and a (k+1)-token verification pass (v), each relative to the target's
     one-token step, timed on this device: what the cost model needs to say whether drafting pays."""
-    step = pass_ms(pair, "target", context, 1)
-    return {"c": pass_ms(pair, "draft", context, 1) / step, "v": pass_ms(pair, "target", context, k + 1) / step,
-            "k": k, "target_step_ms": step}
+    ms = passes_ms(pair, "target", context, (1, k + 1))
+    return {"c": pass_ms(pair, "draft", context, 1) / ms[1], "v": ms[k + 1] / ms[1], "k": k, "target_step_ms": ms[1]}
 
 
 TREE_PASS_SIZES = (1, 2, 4, 8, 16, 32, 65)

@@ -9,6 +9,7 @@ v: cost of the target's (k+1)-token verification pass relative to a one-token st
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import pairwise
 
 
@@ -51,14 +52,36 @@ def verify_cost_at(v: float, k_measured: float, k: int) -> float:
 @dataclass
 class PassCosts:
     """Measured on the running device, relative to a one-token target step: a target pass of n tokens
-    (`sizes`: n -> cost, linear between the sizes measured and past the last) and one draft forward."""
+    (`sizes`: n -> cost) and one draft forward.
+
+    `verify(n)` reads the timings as a cost model: a pass never costs more than a larger one (it could be padded
+    to that size), and between the sizes timed it follows their lower convex hull (extended past the last). So a
+    tree's value, nodes added best first, rises and then falls, and its first maximum is its best (`tree_size`).
+    """
     sizes: dict[int, float]
     draft: float = 0.0
 
+    @cached_property
+    def hull(self) -> list[tuple[int, float]]:
+        points, cheapest = [], float("inf")
+        for n, cost in sorted(self.sizes.items(), reverse=True):  # no dearer than any larger pass
+            cheapest = min(cheapest, cost)
+            points.append((n, cheapest))
+        hull: list[tuple[int, float]] = []
+        for point in reversed(points):  # Andrew's monotone chain, lower half
+            while len(hull) >= 2 and cross(hull[-2], hull[-1], point) <= 0:
+                hull.pop()
+            hull.append(point)
+        return hull
+
     def verify(self, n: int) -> float:
-        points = sorted(self.sizes.items())
-        (n0, c0), (n1, c1) = next(((a, b) for a, b in pairwise(points) if n <= b[0]), points[-2:])
-        return c0 + (c1 - c0) * (n - n0) / (n1 - n0)
+        hull = self.hull if len(self.hull) > 1 else self.hull * 2
+        (n0, c0), (n1, c1) = next(((a, b) for a, b in pairwise(hull) if n <= b[0]), hull[-2:])
+        return c0 + (c1 - c0) * (n - n0) / (n1 - n0) if n1 != n0 else c0
+
+
+def cross(o, a, b) -> float:
+    return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
 
 
 def expected_tree_tokens(path_probs: list[float]) -> float:
@@ -67,11 +90,18 @@ def expected_tree_tokens(path_probs: list[float]) -> float:
     return 1.0 + sum(path_probs)
 
 
-def tree_size(ranked: list[float], costs: PassCosts | None, forwards: int = 1) -> int:
-    """How many of the nodes, best first (`ranked`: their path probabilities), to verify: the count that
-    maximises expected tokens over the round's cost (`forwards` draft forwards and a pass of n + 1 tokens).
+def tree_size(ranked: list[float], costs: PassCosts | None, forwards: float = 1.0) -> int:
+    """How many of the nodes, in the order given (`ranked`: their path probabilities), to verify: nodes are added
+    while the expected tokens over the round's cost (`forwards` draft forwards and a pass of n + 1 tokens) rises,
+    and the first fall ends the tree. Whether the j-th node is kept depends on the first j ranks alone, never on
+    what comes after it (its own subtree included), and `forwards` must be fixed before the round is drawn: so a
+    node is kept whatever its token turns out to be, as exact verification needs (verify.py).
     Without measured costs, all of them."""
     if costs is None or len(costs.sizes) < 2:
         return len(ranked)
-    value = lambda n: expected_tree_tokens(ranked[:n]) / (forwards * costs.draft + costs.verify(n + 1))
-    return max(range(len(ranked) + 1), key=value)
+    fixed, tokens = forwards * costs.draft, 1.0
+    for n, rank in enumerate(ranked):
+        if (tokens + rank) / (fixed + costs.verify(n + 2)) < tokens / (fixed + costs.verify(n + 1)):
+            return n
+        tokens += rank
+    return len(ranked)

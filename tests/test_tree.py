@@ -3,16 +3,18 @@ import dataclasses
 
 import pytest
 import torch
+from scipy.stats import chisquare
 
-from specdec_core import SpecConfig, generate, speculative_generate
+from specdec_core import SpecConfig, generate, speculative_generate, theory
 from specdec_core.cache import TreeInput
 from specdec_core.drafters import ModelDrafter, without
 from specdec_core.engine import prepare
+from specdec_core.events import tree_depths
 from specdec_core.models.load import TREE_PASS_SIZES, tree_costs
 from specdec_core.theory import PassCosts, tree_size
 from specdec_core.verify import decide, decide_tree
 
-from .conftest import with_eos
+from .conftest import mutate, with_eos
 
 PROMPT = "def fib(n):"
 
@@ -139,9 +141,17 @@ def test_tree_size_follows_the_cost_of_a_pass():
     assert tree_size(ranked, None) == 8
     flat = PassCosts({1: 1.0, 16: 1.0})
     assert tree_size(ranked, flat) == 8  # rows cost nothing: take every node that may be accepted
-    steep = PassCosts({1: 1.0, 2: 1.1, 16: 3.0}, draft=0.2)
-    assert 1 <= tree_size(ranked, steep) < 8
-    assert steep.verify(9) == pytest.approx(1.1 + 1.9 * 7 / 14)
+    # a pass of n tokens costs 1 + (n - 1) / 4, a draft forward 0.5: n nodes are worth (1 + their ranks) / (1.5 + n / 4),
+    # for n = 0..4: 0.667, 1.086, 1.350, 1.422, 1.400
+    linear = PassCosts({1: 1.0, 65: 17.0}, draft=0.5)
+    assert tree_size(ranked, linear) == 3
+    assert linear.verify(9) == pytest.approx(3.0)
+    # timed: a pass of 2 dearer than its neighbours. The model is the lower convex hull, 1 + 8 (n - 1) / 15 up to 16,
+    # so n = 0..3 are worth 0.667, 0.934, 1.052, 1.032: 2 nodes. (The best over every count, on the timings as they
+    # are, is 3, a count that only the nodes after the first two make worth it.)
+    uneven = PassCosts({1: 1.0, 2: 2.5, 4: 2.6, 16: 9.0}, draft=0.5)
+    assert [round(uneven.verify(n), 3) for n in (2, 4)] == [1.533, 2.6]
+    assert tree_size(ranked, uneven) == 2
 
 
 def test_tree_costs_are_timed_once_per_pair(tiny):
@@ -187,3 +197,76 @@ def test_the_draft_keeps_every_accepted_node_it_fed(tiny_set):
         if not e.finished:
             assert drafter.lm.length == n_prompt + e.n_generated - 2
     assert fed and max(fed) <= 2  # each round feeds the draft only the two tokens it has not seen
+
+
+class MarkovLM:
+    """A CachedModel stand-in whose next-token distribution depends on the last token only: probs[last]."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, probs: torch.Tensor):
+        self.logits, self.length = probs.log(), 0
+
+    def reset(self):
+        self.length = 0
+
+    def prefill(self, ids):
+        self.length = len(ids)
+
+    def forward(self, ids, keep, step=True, tree=None):
+        self.length += ids.numel()
+        return self.logits[ids.view(-1)[-keep:]]
+
+    def compact(self, start, kept):
+        self.length = start + len(kept)
+
+    def crop(self, length):
+        self.length = min(self.length, length)
+
+    def check(self):
+        pass
+
+
+# After token 0 the draft is sure of the next token; after 1 or 2 it is not. So how deep a chain goes (the draft
+# forwards a round takes) depends on the chain's first token, and with these costs a node's value depends on it too.
+MARKOV = torch.tensor([[0.9, 0.05, 0.05], [0.4, 0.3, 0.3], [0.4, 0.3, 0.3]], dtype=torch.float64)
+STEEP = PassCosts({1: 1.0, 2: 1.6, 4: 2.4, 8: 4.0, 16: 8.0, 65: 33.0}, draft=0.2)  # not convex: 2 -> 4 is cheap
+
+
+def first_tokens(drafter, samples: int) -> tuple[list[int], list[int]]:
+    """The first token each of `samples` tree rounds emits, the target being the draft itself (p = q), and the
+    depth of each round's tree as drafted."""
+    cfg, ids, out, depths = SpecConfig(k=4, temperature=1.0, min_confidence=0.35, tree_nodes=16), [2], [], []
+    for seed in range(samples):
+        g = torch.Generator().manual_seed(seed)
+        drafter.start(ids)
+        d = drafter.propose(ids, cfg.k, cfg, g)
+        p = MARKOV[ids[-1:] + d.tokens.tolist()].float()
+        verdict = decide_tree(d.tokens, d.parents, d.q, p, g) if len(d) else None
+        path = verdict.on_path.nonzero().view(-1).tolist() if verdict is not None else []
+        out.append(int(d.tokens[path[0]]) if path else int(torch.multinomial(p[0], 1, generator=g)))
+        depths.append(max(tree_depths(d.parents), default=0) if len(d) else 0)
+    return out, depths
+
+
+def test_trees_sized_by_a_steep_uneven_cost_emit_exactly_p():
+    """Whether a node is kept must not depend on the token drawn there (or below it): else the kept nodes are a
+    biased sample. Here the draft's confidence after a token depends on the token, and the costs reward deep chains."""
+    samples = 3000
+    drafted, depths = first_tokens(ModelDrafter(MarkovLM(MARKOV), pass_cost=STEEP), samples)
+    assert len(set(depths)) > 1  # chains of both depths were drafted, and the costs made the deeper one pay
+    observed = [drafted.count(t) for t in range(3)]
+    p = MARKOV[2]
+    assert chisquare(observed, (p * samples).tolist()).pvalue > 1e-3, observed
+
+
+def test_trees_sized_by_looking_ahead_are_detected(monkeypatch):
+    """The sizing rule before this one, planted back: the best count over every prefix of the ranked nodes, with
+    the draft forwards of the round itself, on the timings as they are. The test above must catch it."""
+    monkeypatch.setattr(PassCosts, "hull", property(lambda costs: sorted(costs.sizes.items())))
+    mutate(monkeypatch, ModelDrafter, "propose_tree", ("self.pass_cost, self.forwards)", "self.pass_cost, forwards)"))
+    mutate(monkeypatch, theory, "tree_size", ("    fixed, tokens", "    return max(range(len(ranked) + 1), key=lambda n: "
+                                                 "(1 + sum(ranked[:n])) / (forwards * costs.draft + costs.verify(n + 1)))\n"
+                                                 "    fixed, tokens"))
+    with pytest.raises(AssertionError, match="assert np.float64"):
+        test_trees_sized_by_a_steep_uneven_cost_emit_exactly_p()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -20,6 +21,7 @@ from torch import nn
 from .cache import CachedModel, TreeInput
 from .sampling import sample, warp
 from .theory import PassCosts, tree_size
+from .transfer import upload
 
 TREE_WIDTH = 4  # a tree node's children
 
@@ -42,9 +44,18 @@ def without(q: torch.Tensor, tokens: list[int]) -> torch.Tensor:
     """q with `tokens` removed and renormalised: the distribution of a draw made after them without replacement."""
     if not tokens:
         return q
-    q = q.clone()
-    q[tokens] = 0.0
+    q = q.index_fill(0, upload(tokens, q.device, torch.long), 0.0)
     return q / q.sum()
+
+
+class Node(NamedTuple):
+    """A drafted tree node."""
+    token: int
+    parent: int  # the parent's index among the nodes (-1: the last committed token)
+    rank: float  # path probability under the draft, the j-th child counted at its parent's j-th largest probability
+    q_row: int  # the row of the distribution it was drawn from (its parent's)
+    sibling: int  # its place among its siblings, in the order drawn
+    chain: bool  # on the chain: every node on its path a first child
 
 
 class NoDrafter:
@@ -81,6 +92,7 @@ class ModelDrafter:
         self.width, self.pass_cost = width, pass_cost
         self.expand = (2 if lm.device.type == "cpu" else width) if expand is None else expand
         self.tree = None  # after a tree round: (where its nodes start in the cache, [(token, parent's slot)] per slot)
+        self.forwards = 1  # draft forwards the last tree took: this round's sizing must not depend on its own draws
 
     def start(self, ids):
         self.lm.reset()
@@ -92,7 +104,7 @@ class ModelDrafter:
             return self.propose_tree(ids, k, cfg, generator)
         # The cache holds ids[:length]; feed the rest. After a fully accepted round that is two
         # tokens (the last drafted token, never fed, and the target's bonus token).
-        x = torch.tensor(ids[self.lm.length:], device=self.lm.device)
+        x = upload(ids[self.lm.length:], self.lm.device)
         tokens, qs, raw, failed, tops, sure = [], [], [], [], [], 1.0
         for _ in range(k):
             logits = self.lm.forward(x, keep=1)[0]
@@ -104,8 +116,8 @@ class ModelDrafter:
             failed.append(bad)
             if cfg.min_confidence:
                 # the draft's own chance that every token so far is right; once that is low, the next
-                # token is unlikely to be reached
-                tops.append(torch.softmax(logits.float(), -1).max())
+                # token is unlikely to be reached (the distribution it samples from; greedy: its softmax)
+                tops.append((torch.softmax(logits.float(), -1) if cfg.greedy else q).max())
                 if not self.cut_on_device:
                     sure *= float(tops[-1])
                     if sure < cfg.min_confidence:
@@ -131,67 +143,71 @@ class ModelDrafter:
         forward with a tree mask, the chain's node and the `expand` - 1 best others whose rank is still at
         least cfg.min_confidence (on a CPU, where each token of a forward costs more, `expand` is 2: one
         branch grows beside the chain; the rest are leaves, drawn from distributions the chain computes
-        anyway). The chain is kept, then the best alternatives, as many as pay for their rows: n nodes are
-        worth 1 + (the sum of their ranks) expected tokens (the draft's own estimate) for a target pass of
-        n + 1 tokens, whose cost `pass_cost` says. No node ranks above its parent or an earlier sibling, so what is kept is a
-        tree whose siblings are the first ones drawn, as verify.decide_tree requires; and a rank never
-        depends on the token drawn, so sampled nodes are kept without bias. The levels' choices are read
-        on the host (free on a CPU).
+        anyway). The chain is kept, then the best alternatives: n nodes are worth 1 + (the sum of their ranks)
+        expected tokens (the draft's own estimate) for a target pass of n + 1 tokens, whose cost `pass_cost`
+        says, and nodes are added in that order while the worth per cost rises (theory.tree_size; the draft
+        forwards are counted as the previous tree took). No node ranks above its parent or an earlier sibling,
+        so what is kept is a tree whose siblings are the first ones drawn, as verify.decide_tree requires; and
+        neither a node's rank nor the ranks before it depend on the token drawn there or below, so sampled
+        nodes are kept without bias. Each level's choices are read on the host in one transfer.
         """
         dev = self.lm.device
-        logits = self.lm.forward(torch.tensor(ids[self.lm.length:], device=dev), keep=1)[0]
+        logits = self.lm.forward(upload(ids[self.lm.length:], dev), keep=1)
         base = self.lm.length
-        nodes = []  # [token, parent, rank, row of its parent's q in qs, index among its siblings, on the chain]
-        qs, raw, failed, fed, frontier, forwards = [], [], [], [], [(-1, logits)], 1
+        nodes: list[Node] = []
+        qs, raw, failed, fed, frontier, forwards = [], [], [], [], [-1], 1
+        width = min(self.width, logits.shape[-1])
         for depth in range(k):
-            level = []
-            for parent, lg in frontier:
-                q, bad = warp(lg, cfg.temperature, cfg.top_k, cfg.top_p)
-                own = torch.softmax(lg.float(), -1)  # the draft's probabilities rank nodes (a greedy q is one-hot)
-                qs.append(q)
-                raw.append(lg)
-                failed.append(bad)
-                ranked = own if cfg.greedy else q
-                width = min(self.width, int((ranked > 0).sum()))
-                top, picks = torch.topk(ranked, width)
-                if not cfg.greedy:  # Gumbel top-k: `width` draws without replacement, in the order drawn
-                    u = torch.rand(q.shape, generator=generator, device=q.device).clamp_(min=1e-20)
-                    picks = torch.topk(torch.where(q > 0, q.log() - (-u.log()).log(), float("-inf")), width).indices
-                above, on_chain = (1.0, True) if parent < 0 else (nodes[parent][2], nodes[parent][5])
-                for j, (token, p) in enumerate(zip(picks.tolist(), top.tolist())):
-                    nodes.append([token, parent, above * p, len(qs) - 1, j, on_chain and j == 0])
+            q, bad = warp(logits, cfg.temperature, cfg.top_k, cfg.top_p)
+            # the draft's probabilities rank nodes (a greedy q is one-hot)
+            ranked = torch.softmax(logits.float(), -1) if cfg.greedy else q
+            top, picks = torch.topk(ranked, width, -1)
+            if not cfg.greedy:  # Gumbel top-k: `width` draws without replacement, in the order drawn
+                u = torch.rand(q.shape, generator=generator, device=q.device).clamp_(min=1e-20)
+                picks = torch.topk(torch.where(q > 0, q.log() - (-u.log()).log(), float("-inf")), width, -1).indices
+            tops, tokens = torch.stack([top.double(), picks.double()]).tolist()  # the level's one read (ids exact)
+            level, first_row = [], len(qs)
+            qs += q.unbind(0)
+            raw += logits.unbind(0)
+            failed.append(bad)
+            for f, parent in enumerate(frontier):
+                above, on_chain = (1.0, True) if parent < 0 else (nodes[parent].rank, nodes[parent].chain)
+                for j in range(width):
+                    if tops[f][j] <= 0:  # the distribution has fewer tokens than `width`
+                        break
+                    nodes.append(Node(int(tokens[f][j]), parent, above * tops[f][j], first_row + f, j, on_chain and j == 0))
                     level.append(len(nodes) - 1)
-            chain = next(i for i in level if nodes[i][5])
-            if depth == k - 1 or depth + 1 >= cfg.tree_nodes or nodes[chain][2] < cfg.min_confidence:
+            chain = next(i for i in level if nodes[i].chain)
+            if depth == k - 1 or depth + 1 >= cfg.tree_nodes or nodes[chain].rank < cfg.min_confidence:
                 break
             # other branches grow while the draft believes in them as much as a chain must to go on
-            others = sorted((i for i in level if i != chain and nodes[i][2] >= cfg.min_confidence),
-                            key=lambda i: (-nodes[i][2], i))[: self.expand - 1]
-            best = sorted([chain, *others])  # parents before children, as TreeInput wants
+            others = sorted((i for i in level if i != chain and nodes[i].rank >= cfg.min_confidence),
+                            key=lambda i: (-nodes[i].rank, i))[: self.expand - 1]
+            frontier = sorted([chain, *others])  # parents before children, as TreeInput wants
             index = {node: j for j, node in enumerate(fed)}
-            parents = [index.get(nodes[n][1], -1) for n in fed + best]
-            out = self.lm.forward(torch.tensor([nodes[i][0] for i in best], device=dev), keep=len(best),
-                                  tree=TreeInput(parents, fed=len(fed)))
-            fed += best
+            parents = [index.get(nodes[n].parent, -1) for n in fed + frontier]
+            logits = self.lm.forward(upload([nodes[i].token for i in frontier], dev), keep=len(frontier),
+                                     tree=TreeInput(parents, fed=len(fed)))
+            fed += frontier
             forwards += 1
-            frontier = list(zip(best, out))
         # the chain first, then the others best first: every prefix is a tree (parents, earlier siblings come first)
-        order = sorted(range(len(nodes)), key=lambda i: (not nodes[i][5], -nodes[i][2], i))[: cfg.tree_nodes]
-        n = tree_size([nodes[i][2] for i in order], self.pass_cost, forwards)
+        order = sorted(range(len(nodes)), key=lambda i: (not nodes[i].chain, -nodes[i].rank, i))[: cfg.tree_nodes]
+        n = tree_size([nodes[i].rank for i in order], self.pass_cost, self.forwards)
+        self.forwards = forwards
         keep = sorted(order[:n])
         slot = {node: j for j, node in enumerate(fed)}  # where each fed node sits in the cache, after `base`
-        self.tree = (base, [(nodes[i][0], slot.get(nodes[i][1], -1)) for i in fed])
+        self.tree = (base, [(nodes[i].token, slot.get(nodes[i].parent, -1)) for i in fed])
         if not keep:  # no node pays for its row: a plain step
             return Draft(torch.empty(0, dtype=torch.long, device=dev), None)
         renumber = {old: new for new, old in enumerate(keep)}
-        tokens = torch.tensor([nodes[i][0] for i in keep], dtype=torch.long, device=dev)
-        parents = [renumber.get(nodes[i][1], -1) for i in keep]
+        parents = [renumber.get(nodes[i].parent, -1) for i in keep]
         q = None
         if not cfg.greedy:  # each node's q: its parent's, without the siblings drawn before it, renormalised
-            earlier = lambda node: [m[0] for m in nodes if m[3] == node[3] and m[4] < node[4]]
-            q = torch.stack([without(qs[nodes[i][3]], earlier(nodes[i])) for i in keep])
-        shown = torch.stack([raw[nodes[i][3]] for i in keep]) if cfg.record_top else None
-        return Draft(tokens, q, shown, None, torch.stack(failed).any(), parents, sum(nodes[i][2] for i in keep))
+            earlier = lambda node: [m.token for m in nodes if m.q_row == node.q_row and m.sibling < node.sibling]
+            q = torch.stack([without(qs[nodes[i].q_row], earlier(nodes[i])) for i in keep])
+        shown = torch.stack([raw[nodes[i].q_row] for i in keep]) if cfg.record_top else None
+        return Draft(upload([nodes[i].token for i in keep], dev, torch.long), q, shown, None, torch.stack(failed).any(),
+                     parents, sum(nodes[i].rank for i in keep))
 
     def commit(self, ids):
         # keep only the committed prefix; the newest committed token is fed next round

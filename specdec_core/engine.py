@@ -18,6 +18,7 @@ from .drafters import Draft, EarlyExitDrafter, HybridDrafter, ModelDrafter, NoDr
 from .events import Result, RoundEvent, summarize
 from .sampling import NON_FINITE, NonFiniteLogitsError, warp
 from .text import encode_prompt
+from .transfer import upload
 from .verify import TreeDecision, decide, decide_tree
 
 
@@ -139,12 +140,12 @@ def decode(pair, prompt_ids: list[int], cfg: SpecConfig, drafter, method: str, j
         t1 = clock.mark()
         # 2) verify: the target scores [last, x_1..x_k] in ONE pass -> p for k+1 positions
         #    (a tree: every node in that one pass, each seeing only its ancestors)
-        x = draft.tokens.to(target.device)
-        q = None if draft.q is None else draft.q.to(target.device)
+        x = upload(draft.tokens, target.device)
+        q = None if draft.q is None else upload(draft.q, target.device)
         # (a tree of one branch is verified as the chain it is: no mask, the same decision)
         chain = draft.parents is None or draft.parents == list(range(-1, len(draft) - 1))
         tree = None if chain else TreeInput([-1] + [parent + 1 for parent in draft.parents])
-        logits = target.forward(torch.cat([torch.tensor(ids[-1:], device=target.device), x]), keep=len(draft) + 1,
+        logits = target.forward(torch.cat([upload(ids[-1:], target.device), x]), keep=len(draft) + 1,
                                 tree=tree)
         p, failed = warp(logits, cfg.temperature, cfg.top_k, cfg.top_p)
         d = judge(x, q, p, gen, draft.size) if tree is None else decide_tree(x, draft.parents, q, p, gen)
@@ -218,7 +219,7 @@ def read_round(x, q, p, d, failed, size, logits, draft_logits, cfg: SpecConfig) 
     rows = torch.arange(k, device=p.device)
     q_x = q[rows, x] if q is not None else torch.ones(k, device=p.device)
     p_token = d.dist.gather(0, d.token.view(1))[0]
-    drafted = torch.tensor(float(k), device=p.device) if size is None else size.float()
+    drafted = torch.full((), float(k), device=p.device) if size is None else size.float()
     head = torch.stack([failed.float(), d.n_accepted.float(), d.token.float(), d.rejected.float(), p_token, drafted])
     tree = isinstance(d, TreeDecision)
     parts = [head, x.float(), d.p_x if tree else p[rows, x], q_x, d.accept_probs, d.uniforms]

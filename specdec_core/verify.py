@@ -38,6 +38,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .transfer import upload
+
 
 @dataclass
 class Decision:
@@ -60,8 +62,9 @@ class Verdict:
 
 
 def point_mass(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
-    """q for a deterministic drafter: it 'samples' its token with probability 1."""
-    return torch.nn.functional.one_hot(tokens, vocab).float()
+    """q for a deterministic drafter: it 'samples' its token with probability 1. (A scatter: F.one_hot checks
+    its input's range on the host.)"""
+    return torch.zeros(*tokens.shape, vocab, device=tokens.device).scatter_(-1, tokens.unsqueeze(-1), 1.0)
 
 
 def accept_probabilities(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
@@ -131,25 +134,30 @@ def decide_tree(tokens: torch.Tensor, parents: list[int], q: torch.Tensor | None
     parents[i]: node i's parent (-1: the root, the last committed token); q [n, V]: the distribution
     each node was drawn from given its earlier siblings (None: point masses); p [n+1, V]: the target's
     distribution after the root (row 0) and after each node (row i+1). The structure is host data; every
-    value stays on the device, read back with the rest of the round."""
+    value stays on the device (rows and tokens are picked with device indices), read back with the rest
+    of the round."""
     n, vocab, device = tokens.numel(), p.shape[-1], p.device
     assert p.shape[0] == n + 1, f"p must have n+1={n + 1} rows, got {p.shape[0]}"
-    q_of = (lambda c: q[c]) if q is not None else (lambda c: torch.nn.functional.one_hot(tokens[c], vocab).float())
     children: dict[int, list[int]] = {}
     for i, parent in enumerate(parents):
         assert parent < i, "a node's parent must come before it"
         children.setdefault(parent + 1, []).append(i)
+
+    def q_of(at: torch.Tensor) -> torch.Tensor:  # the q of the node at `at`, a [1] index on the device
+        return q.index_select(0, at)[0] if q is not None else point_mass(tokens.index_select(0, at), vocab)[0]
+
     uniforms = torch.rand(n, generator=generator, device=device)
     false = torch.zeros((), dtype=torch.bool, device=device)
     accept, p_x, hit = [None] * n, [None] * n, [false] * n
     for row, kids in children.items():
         cur, taken = p[row], false
         for j, c in enumerate(kids):
-            p_x[c] = cur[tokens[c]]
-            accept[c] = accept_probabilities(p_x[c], q[c, tokens[c]] if q is not None else torch.ones((), device=device))
+            x = tokens[c:c + 1]
+            p_x[c] = cur.gather(0, x)[0]
+            accept[c] = accept_probabilities(p_x[c], q[c].gather(0, x)[0] if q is not None else torch.ones_like(p_x[c]))
             hit[c] = ~taken & (uniforms[c] < accept[c])
             if j + 1 < len(kids):  # the next sibling is judged against what this one left
-                cur = torch.where(taken | hit[c], cur, residual_distribution(cur, q_of(c)))
+                cur = torch.where(taken | hit[c], cur, residual_distribution(cur, q[c] if q is not None else point_mass(x, vocab)[0]))
             taken = taken | hit[c]
     on_path = []
     for i, parent in enumerate(parents):  # a node is on the path when its parent is and it was accepted
@@ -160,12 +168,13 @@ def decide_tree(tokens: torch.Tensor, parents: list[int], q: torch.Tensor | None
     end = (rows.long() * torch.arange(n + 1, device=device)).argmax().view(1)
     # its children were all rejected: the token comes from p there with each of them taken out in turn
     width = max((len(kids) for kids in children.values()), default=0)
-    table = torch.tensor([(children.get(row, []) + [n] * width)[:width] for row in range(n + 1)], device=device)
-    dist = p.index_select(0, end)[0]
-    for c in (table.index_select(0, end)[0] if width else []):
-        real = c < n  # a row with fewer children is padded with n
+    table = upload([(children.get(row, []) + [n] * width)[:width] for row in range(n + 1)], device, torch.long)
+    dist, ends_at = p.index_select(0, end)[0], table.index_select(0, end)[0] if width else None
+    for j in range(width):
+        c = ends_at[j:j + 1]
+        real = c[0] < n  # a row with fewer children is padded with n
         dist = torch.where(real, residual_distribution(dist, q_of(c.clamp(max=n - 1))), dist)
     token = torch.multinomial(dist, 1, generator=generator)[0]
     accept, p_x = (torch.stack(v) if n else p.new_zeros(0) for v in (accept, p_x))
-    return TreeDecision(on_path.long().sum(), token, accept, uniforms, table.index_select(0, end)[0, 0] < n
-                        if width else false, dist, on_path, p_x)
+    return TreeDecision(on_path.long().sum(), token, accept, uniforms, ends_at[0] < n if width else false, dist,
+                        on_path, p_x)

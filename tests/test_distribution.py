@@ -5,7 +5,6 @@ Two context-dependent toy models over a 4-token vocabulary; the exact probabilit
 chi-square test (fixed seeds, so the test is deterministic). The same test with the residual
 replaced by p (a classic bug) must fail, which shows the sample is large enough to notice.
 """
-import importlib
 import itertools
 
 import pytest
@@ -13,10 +12,13 @@ import torch
 from scipy.stats import chisquare
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from specdec_core import SpecConfig, make_drafter, speculative_generate
+from specdec_core import SpecConfig, drafters, make_drafter, speculative_generate, verify
 from specdec_core.drafters import HybridDrafter, ModelDrafter
 from specdec_core.models import Pair
 from specdec_core.sampling import logits_to_probs
+from specdec_core.theory import PassCosts
+
+from .conftest import mutate
 
 pytestmark = pytest.mark.slow  # 2,000 generations a test; the exact one-token check in test_verify.py is fast
 
@@ -86,20 +88,72 @@ def narrow_tree(pair):  # two children a node, both expanded: siblings not drawn
     return ModelDrafter(pair.cached("draft"), width=2, expand=2)
 
 
+# A pass of 2 tokens dear, 4 cheap, then steep: trees are cut, by a rule that must not look at what was drawn
+STEEP = PassCosts({1: 1.0, 2: 1.6, 4: 2.4, 8: 4.0, 16: 8.0, 65: 33.0}, draft=0.2)
+
+
+def cost_sized_tree(pair):
+    return ModelDrafter(pair.cached("draft"), width=3, expand=2, pass_cost=STEEP)
+
+
+def device_cut(pair):  # the GPU path: drafts all k and cuts on the device
+    return ModelDrafter(pair.cached("draft"), cut_on_device=True)
+
+
+CUT = dict(CFG, k=3, min_confidence=0.5)
+
+
 @pytest.mark.parametrize("cfg, drafter", [(CFG, "model"), (dict(CFG, temperature=0.7, top_p=0.9), "model"),
                                            (CFG, "prompt-lookup"), (CFG, "early-exit"), (CFG, hybrid),
                                            (TREE, "model"), (TREE, narrow_tree), (dict(TREE, temperature=0.7, top_k=3),
-                                                                                  "model"), (TREE, "early-exit")])
+                                                                                  "model"), (TREE, "early-exit"),
+                                           (dict(TREE, k=3), cost_sized_tree), (CUT, device_cut),
+                                           (dict(CUT, temperature=0.7), device_cut)])
 def test_speculative_samples_follow_the_target(toy_pair, cfg, drafter):
     assert p_value(toy_pair, cfg, drafter) > 1e-3
 
 
+def test_cost_sized_trees_are_cut_and_device_cuts_happen(toy_pair):
+    """The two cases above run their branches: trees cut to fewer nodes than drafted, drafts cut on the device."""
+    sizes = [len(e.drafted) for seed in range(30) for e in speculative_generate(
+        toy_pair, PROMPT, SpecConfig(seed=seed, **dict(TREE, k=3)), cost_sized_tree(toy_pair))]
+    assert 0 in sizes and max(sizes) > 1 and max(sizes) < TREE["tree_nodes"]
+    cut = [len(e.drafted) for seed in range(30) for e in speculative_generate(
+        toy_pair, PROMPT, SpecConfig(seed=seed, **CUT), device_cut(toy_pair))]
+    assert set(cut) >= {1, 2}  # drafts of several lengths (k is 3, and the last round has room for less)
+
+
 def test_a_wrong_residual_is_detected(toy_pair, monkeypatch):
-    monkeypatch.setattr(importlib.import_module("specdec_core.verify"), "residual_distribution", lambda p, q: p)
+    monkeypatch.setattr(verify, "residual_distribution", lambda p, q: p)
+    assert p_value(toy_pair, CFG) < 1e-3
+
+
+def test_a_residual_one_token_short_is_detected(toy_pair, monkeypatch):
+    """An off-by-one in the residual's support: the last token of the vocabulary never comes from it."""
+    mutate(monkeypatch, verify, "residual_distribution",
+           ("r = (p - q).clamp(min=0.0)", "r = (p - q).clamp(min=0.0)\n    r[..., -1] = 0.0"))
     assert p_value(toy_pair, CFG) < 1e-3
 
 
 def test_a_tree_rule_without_renormalised_siblings_is_detected(toy_pair, monkeypatch):
     """Judging a later sibling against the draft's whole q, as if drawn with replacement, is a classic bug."""
-    monkeypatch.setattr(importlib.import_module("specdec_core.drafters"), "without", lambda q, tokens: q)
+    monkeypatch.setattr(drafters, "without", lambda q, tokens: q)
+    assert p_value(toy_pair, TREE, narrow_tree) < 1e-3
+
+
+def test_a_sibling_residual_renormalised_once_too_often_is_detected(toy_pair, monkeypatch):
+    """After a rejected child, what is left is p - q of that child; taking q without the child's own token
+    (renormalised once more: the next sibling's q) instead is subtly wrong."""
+    mutate(monkeypatch, verify, "decide_tree",
+           ("residual_distribution(cur, q[c] if q is not None", "residual_distribution(cur, without(q[c], x) if q is not None"))
+    monkeypatch.setitem(verify.decide_tree.__globals__, "without",
+                        lambda q, x: q.index_fill(0, x, 0.0) / q.index_fill(0, x, 0.0).sum())
+    assert p_value(toy_pair, TREE, narrow_tree) < 1e-3
+
+
+def test_a_tree_that_keeps_a_node_only_when_accepted_is_detected(toy_pair, monkeypatch):
+    """A rejected child dropped as if it had never been drafted: nothing is taken out of p for it."""
+    mutate(monkeypatch, verify, "decide_tree",
+           ("cur = torch.where(taken | hit[c], cur,", "cur = torch.where(taken | hit[c] | True, cur,"),
+           ("dist = torch.where(real, residual_distribution", "dist = torch.where(real & False, residual_distribution"))
     assert p_value(toy_pair, TREE, narrow_tree) < 1e-3

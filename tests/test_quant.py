@@ -148,28 +148,39 @@ def test_token_int8_rows_do_not_depend_on_the_other_rows():
             assert (full - lin(x)).abs().max() / lin(x).abs().max() < 0.03
 
 
-def logits_alone_and_in_a_pass(model, vocab):
-    """The logits of one position fed alone, and the same position inside a 17-token pass."""
-    from specdec_core.cache import CachedModel
+def logits_alone_and_in_a_pass(model, vocab, context: int = 57):
+    """The logits of 17 positions fed one at a time, as plain decoding does, and the same positions inside one
+    17-token chain pass; and, for a tree whose branch 0 -> 2 -> 5 -> ... holds those tokens among other nodes,
+    that branch's rows of the tree pass, beside the same tokens fed alone."""
+    from specdec_core.cache import CachedModel, TreeInput
 
-    prompt, pass_ids = list(range(3, 60)), torch.arange(100, 117)
+    prompt, pass_ids = [3 + i % 90 for i in range(context)], torch.arange(100, 117)
     lm = CachedModel(model, vocab)
     lm.prefill(prompt)
     full = lm.forward(pass_ids, keep=17)
     lm.crop(len(prompt))
     alone = torch.stack([lm.forward(pass_ids[i: i + 1], keep=1)[0] for i in range(17)])  # one at a time, as AR does
-    return alone, full
+    # a tree: node i's parent is i - 2 (i >= 2), so 0 -> 2 -> 4 ... and 1 -> 3 -> 5 ... are two branches
+    lm.crop(len(prompt))
+    parents = [-1, -1] + list(range(15))
+    tree = lm.forward(pass_ids, keep=17, tree=TreeInput(parents))
+    lm.crop(len(prompt))
+    branch = pass_ids[0::2]
+    branch_alone = torch.stack([lm.forward(branch[i: i + 1], keep=1)[0] for i in range(len(branch))])
+    return alone, full, tree[0::2], branch_alone
 
 
-def test_the_int8_target_gives_a_position_the_same_logits_alone_or_in_a_pass(tiny):
+@pytest.mark.parametrize("context", [57, 300])
+def test_the_int8_target_gives_a_position_the_same_logits_alone_or_in_a_pass(tiny, context):
     target = quantise_target(copy.deepcopy(tiny.target).to(torch.bfloat16))
     assert next(target.parameters()).dtype == torch.float32
-    alone, full = logits_alone_and_in_a_pass(target, tiny.vocab)
+    alone, full, tree, branch_alone = logits_alone_and_in_a_pass(target, tiny.vocab, context)
     assert torch.equal(alone, full)
+    assert torch.equal(tree, branch_alone)
     # the same layers with one activation scale for the whole pass give another function
     shared = replace_linears(copy.deepcopy(tiny.target), lambda name, mod: DynamicInt8Linear(mod))
-    alone, full = logits_alone_and_in_a_pass(shared, tiny.vocab)
-    assert (alone - full).abs().max() > 1e-3
+    alone, full, tree, branch_alone = logits_alone_and_in_a_pass(shared, tiny.vocab, context)
+    assert (alone - full).abs().max() > 1e-3 and (tree - branch_alone).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("k", [1, 4, 16])
@@ -185,3 +196,13 @@ def test_the_int8_target_decodes_losslessly_and_is_saved(tiny, tmp_path, k):
     spec = generate(pair, "int8 target", cfg)
     assert spec.token_ids == generate(pair, "int8 target", cfg, "autoregressive").token_ids
     assert 0 < spec.stats.acceptance_rate < 1
+
+
+def test_compiled_steps_refuse_to_replace_the_exact_targets_attention():
+    """Compiled steps set their own attention; over the int8 target that would lose exactness without a word."""
+    from specdec_core import load_pair
+
+    with pytest.raises(ValueError, match="exact"):
+        load_pair("tiny", target_quant="int8", graphs="inductor")
+    pair = load_pair("tiny", target_quant="int8")  # no compiled steps: the exact target as it is
+    assert pair.target.config._attn_implementation == "specdec_rows" and not pair.steps

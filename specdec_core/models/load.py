@@ -10,7 +10,7 @@ import torch
 from ..cache import STEP_SIZES, StaticSteps
 from ..engine import Clock
 from ..theory import PassCosts
-from .attention import GROUPED
+from .attention import GROUPED, ROWS
 from .pair import Pair, Progress, check_tokenizers, make_pair, pick_device, pick_dtype
 
 
@@ -112,6 +112,9 @@ def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | N
     progress = progress or (lambda f, m: None)
     if attention not in ("sdpa", "grouped"):
         raise ValueError(f"attention must be sdpa or grouped, got {attention!r}")
+    if pair.target.config._attn_implementation == ROWS:
+        raise ValueError("Compiled steps would replace the exact int8 target's row-by-row attention, and its output "
+                         "would no longer be exactly plain decoding's: run it with graphs='off'.")
 
     # a default round scores up to DEFAULT_K + 1 tokens (padded to 32); a draft step feeds one or two
     for role, model, sizes in (("target", pair.target, STEP_SIZES), ("draft", pair.draft, STEP_SIZES[:2])):

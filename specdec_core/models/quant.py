@@ -27,7 +27,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from .attention import FLOAT64
+from .attention import ROWS
 
 
 def channel_scales(w: torch.Tensor) -> torch.Tensor:
@@ -249,16 +249,16 @@ def cheapen_draft(model: nn.Module, quant: bool = True, keep_vocab: int = 0, mod
 
 
 def quantise_target(model: nn.Module, saved: Path | None = None, source: str = "") -> nn.Module:
-    """In place: every Linear becomes a TokenInt8Linear, attention runs in float64 and everything else
-    in float32, so that a position's logits are the same alone or inside a verification pass.
+    """In place: every Linear becomes a TokenInt8Linear, attention is computed row by row as a one-token step
+    computes it (attention.ROWS), everything else in float32: a position's logits are the same, bit for bit,
+    alone or in any verification pass, chain or tree.
 
-    Rounding an activation to int8 magnifies any difference in it, however small, and the one place a
-    row's numbers depend on the shape of its pass is attention (a one-row product sums in another
-    order than a 17-row one). In float32 those differences still flipped int8 roundings and moved
-    logits by more than 1; in float64 they are some 1e-16 and stay below every rounding step.
-    saved/source as in cheapen_draft."""
+    Rounding an activation to int8 magnifies any difference in it, however small: a product that sums in
+    another order in a 17-row pass than in a one-row step (as batched attention does) flips int8 roundings
+    and moves logits by more than 1. Integer products are exact in any order, and the row-wise attention
+    makes the same call for a row whatever pass it is in. saved/source as in cheapen_draft."""
     quantise(model, lambda name, mod, kept: TokenInt8Linear(mod, kept), saved, f"{source}\ntoken-int8")
-    model.set_attn_implementation(FLOAT64)
+    model.set_attn_implementation(ROWS)
     return model.float()
 
 

@@ -49,7 +49,7 @@ def lane_pieces(race: Race, lane, lang: str = "en"):
 def view(race: Race, lang: str = "en", with_plots: bool = True, note: str = "") -> View:
     """Everything the screen shows of a race, derived from its events in `lang`."""
     plain, spec = race.plain.stats, race.spec.stats  # summarised once per update: this runs beside the models
-    summary = plots.summary_html(plain, spec, race.identical, not race.done, lang)
+    summary = plots.summary_html(plain, spec, race.identical, not race.done, lang, race.parted)
     panes = [pane_html(lane_pieces(race, lane, lang), t("waiting", lang)) for lane in (race.plain, race.spec)]
     tree = tree_html(next((e for e in reversed(race.spec.events) if e.parents is not None), None), race.label, lang)
     figs = ((plots.race_figure(race.plain.events, race.spec.events, lang), plots.speed_figure(plain, spec, lang),

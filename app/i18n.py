@@ -43,7 +43,14 @@ so every token has the target's own distribution (greedy: keep a draft token onl
 K+1 tokens costs little more than over one. With acceptance rate a, a round yields (1 − a^(K+1)) / (1 − a)
 tokens for the price of K draft steps and one target pass. By default a draft also stops early, once the draft's
 own confidence that all of it is right (the product of its top probabilities) falls below a threshold: it drafts
-long where it is sure and short where it is not, so K is the most it drafts.""",
+long where it is sure and short where it is not, so K is the most it drafts.
+
+**Why greedy output is token for token the same here.** In many engines a position's logits depend on the shape
+of the pass that computes them: a 17-token verification pass sums its products in another order than a one-token
+step, so at a near-tie the two can pick different tokens. On a CPU this app runs the target with integer products
+(exact in any order) and computes attention row by row, each row as a one-token step would: the logits are the
+same bit for bit, and the race says *identical* on every prompt. Where a target cannot do that (a GPU, a pair in
+bfloat16), the summary shows the first token where the outputs part and the target's logit for each.""",
         """**Por que a saída não muda.** Cada token rascunhado x é mantido com probabilidade min(1, p(x)/q(x)), onde p
 é a probabilidade do modelo alvo e q a do rascunho. Quando é rejeitado, o token do alvo é sorteado de
 max(0, p − q), renormalizada: exatamente a massa que o rascunho cobriu de menos. Os dois casos somam p, então
@@ -53,7 +60,15 @@ cada token tem a distribuição do próprio alvo (no modo guloso: mantém o rasc
 memória, uma passada sobre K+1 tokens custa pouco mais que sobre um. Com taxa de aceitação a, cada rodada rende
 (1 − a^(K+1)) / (1 − a) tokens pelo preço de K passos do rascunho e uma passada do alvo. Por padrão o rascunho
 também para antes, quando a confiança do próprio rascunho de que tudo está certo (o produto das suas maiores
-probabilidades) cai abaixo de um limiar: rascunha muito onde tem certeza e pouco onde não tem; K é o máximo."""),
+probabilidades) cai abaixo de um limiar: rascunha muito onde tem certeza e pouco onde não tem; K é o máximo.
+
+**Por que a saída gulosa é aqui a mesma, token a token.** Em muitos motores os logits de uma posição dependem do
+formato da passada que os calcula: uma passada de verificação de 17 tokens soma seus produtos em outra ordem que
+um passo de um token, e num quase-empate os dois podem escolher tokens diferentes. Numa CPU este app roda o alvo
+com produtos inteiros (exatos em qualquer ordem) e calcula a atenção linha a linha, cada linha como um passo de um
+token a calcularia: os logits são os mesmos bit a bit, e a corrida diz *idêntica* em todo prompt. Onde um alvo não
+consegue isso (uma GPU, um par em bfloat16), o resumo mostra o primeiro token em que as saídas se separam e o logit
+do alvo para cada um."""),
     "theory_note": (
         "Predicted speedup for K = 1..8 (or up to the chosen K) from this run's measured acceptance rate a, draft "
         "cost c (one draft step / one target step) and verify cost; the dotted curve is the paper's model, which "
@@ -139,8 +154,12 @@ probabilidades) cai abaixo de um limiar: rascunha muito onde tem certeza e pouco
     "sampling": ("sampling: same distribution as plain decoding, different random draws",
                  "amostragem: mesma distribuição da decodificação comum, sorteios diferentes"),
     "identical": ("output <b>identical</b> to plain decoding ✓", "saída <b>idêntica</b> à decodificação comum ✓"),
-    "differ": ("outputs differ: see the bench's near-tie report (reduced precision)",
-               "as saídas diferem: veja o relatório de quase-empates do benchmark (precisão reduzida)"),
+    "differ": ("outputs differ", "as saídas diferem"),
+    "differ_at": ("outputs part at token {n}: plain decoding took {a} (logit {la:.3f}), speculative {b} (logit {lb:.3f}), "
+                  "a near-tie that this target computes differently in a one-token step and in a verification pass",
+                  "as saídas se separam no token {n}: a decodificação comum escolheu {a} (logit {la:.3f}), a especulativa "
+                  "{b} (logit {lb:.3f}), um quase-empate que este alvo calcula de outro modo num passo de um token e numa "
+                  "passada de verificação"),
     "caption": ("Round {r}: drafted {d}, the target agreed with {a}",
                 "Rodada {r}: rascunhou {d}, o alvo concordou com {a}"),
     "caption_tree": ("Round {r}: drafted a tree of {d}, the target agreed with a branch of {a}",
@@ -248,7 +267,6 @@ probabilidades) cai abaixo de um limiar: rascunha muito onde tem certeza e pouco
     "f_tree_expected": ("expected: sum of path probabilities (mean {m:.2f})",
                         "esperado: soma das probabilidades dos caminhos (média {m:.2f})"),
     "f_tree_measured": ("measured (mean {m:.2f})", "medido (média {m:.2f})"),
-    "f_round": ("round", "rodada"),
     "f_accepted_tokens": ("accepted tokens", "tokens aceitos"),
     # the inspector
     "pick_first": ("Run a generation first, then click a token or pick a round and a position.",

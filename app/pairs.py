@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from specdec_core import load_pair
-from specdec_core.models.load import probe_costs
+from specdec_core.timing import probe_costs
 from specdec_core.theory import expected_speedup
 
 PRESETS = {
@@ -80,7 +80,7 @@ class PairManager:
 
     def __init__(self, device: str = "auto", dtype: str = "auto", allow_custom: bool = True,
                  allowlist: frozenset[str] = frozenset(), graphs: str = "auto", probe: bool = True,
-                 target_quant: str = "off"):
+                 target_quant: str = "auto"):
         self.device, self.dtype, self.graphs, self.probe, self.target_quant = device, dtype, graphs, probe, target_quant
         self.allow_custom, self.allowlist = allow_custom, allowlist
         self.pair = None

@@ -1,6 +1,8 @@
 """Statistics -> Plotly figures, as pure functions of the two event streams."""
 from __future__ import annotations
 
+import html
+
 import plotly.graph_objects as go
 
 from specdec_core.events import RoundEvent, Stats
@@ -67,8 +69,10 @@ def position_figure(spec_stats: Stats | None, lang: str = "en") -> go.Figure:
     return fig
 
 
-def summary_html(ar: Stats | None, spec: Stats | None, identical: bool | None, running: bool, lang: str = "en") -> str:
-    """One line of headline numbers (numbers only, no user text, so nothing needs escaping)."""
+def summary_html(ar: Stats | None, spec: Stats | None, identical: bool | None, running: bool, lang: str = "en",
+                 parted: tuple[int, str, float, str, float] | None = None) -> str:
+    """One line of headline numbers. `parted`: where differing greedy outputs part (position, plain decoding's
+    token and its logit, the speculative token and its logit); the token texts are escaped here."""
     running_text = t("running", lang)
     if spec is None or ar is None or not ar.tokens or not spec.tokens:
         return f'<div class="summary">{running_text}</div>' if running else ""
@@ -78,5 +82,10 @@ def summary_html(ar: Stats | None, spec: Stats | None, identical: bool | None, r
              t("acceptance", lang, a=spec.acceptance_rate),
              t("per_round", lang, m=spec.mean_accepted_length, t=spec.tokens_per_round)]
     if not running:
-        parts.append(t("sampling", lang) if identical is None else t("identical" if identical else "differ", lang))
+        if identical is False and parted:
+            n, a, la, b, lb = parted
+            parts.append(t("differ_at", lang, n=n + 1, a=f"<code>{html.escape(a)}</code>", la=la,
+                           b=f"<code>{html.escape(b)}</code>", lb=lb))
+        else:
+            parts.append(t("sampling", lang) if identical is None else t("identical" if identical else "differ", lang))
     return f'<div class="summary">{running_text + " " if running else ""}{" · ".join(parts)}</div>'

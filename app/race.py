@@ -13,6 +13,7 @@ from typing import Iterator
 from specdec_core import SpecConfig, autoregressive_generate, make_drafter, speculative_generate, summarize
 from specdec_core.engine import prepare
 from specdec_core.events import RoundEvent, Stats
+from specdec_core.models import first_divergence
 from specdec_core.text import Detokenizer, token_text
 
 
@@ -47,6 +48,8 @@ class Race:
     tokenizer: object = None  # None for a replayed trace, whose labels came with it
     labels: dict[int, str] = field(default_factory=dict)  # token id -> its text on its own (inspector, traces)
     meta: dict = field(default_factory=dict)  # pair, device, dtype, drafter, prompt
+    compare: object = None  # (plain ids, speculative ids) -> models.first_divergence's dict; None for a trace
+    _parted: tuple | None = None
 
     def label(self, token: int) -> str:
         if token not in self.labels:
@@ -62,17 +65,27 @@ class Race:
         """Greedy runs must match token for token; sampled runs are equal in distribution only."""
         return self.plain.token_ids == self.spec.token_ids if self.cfg.greedy and self.done else None
 
+    @property
+    def parted(self) -> tuple[int, str, float, str, float] | None:
+        """Where finished greedy outputs that differ part: the position, each decoder's token and the target's
+        logit for it (one target pass, computed once)."""
+        if self.identical is False and self.compare is not None and self._parted is None:
+            d = self.compare(self.plain.token_ids, self.spec.token_ids)
+            self._parted = (d["position"], self.label(d["ar_token"]), d["ar_logit"], self.label(d["spec_token"]),
+                            d["spec_logit"])
+        return self._parted
+
 
 def start_race(pair, prompt: str, cfg: SpecConfig, drafter: str = "model", plain: bool = True) -> Race:
     """Validate everything up front (raising ValueError with a message) before any compute starts."""
     ids = prepare(pair, prompt, cfg)
-    spec = Lane("speculative", speculative_generate(pair, ids, cfg, make_drafter(pair, drafter, tree=cfg.tree_nodes > 0)),
+    spec = Lane("speculative", speculative_generate(pair, ids, cfg, make_drafter(pair, drafter, cfg)),
                 Detokenizer(pair.tokenizer, skip_special_tokens=True))
     lane = Lane("plain", autoregressive_generate(pair, ids, cfg), Detokenizer(pair.tokenizer, skip_special_tokens=True))
     lane.done = not plain
     meta = {"pair": pair.name, "target": pair.info.get("target"), "draft": pair.info.get("draft"), "drafter": drafter,
             "device": str(pair.device), "dtype": str(pair.dtype).replace("torch.", ""), "prompt": prompt}
-    return Race(lane, spec, cfg, pair.tokenizer, meta=meta)
+    return Race(lane, spec, cfg, pair.tokenizer, meta=meta, compare=lambda a, b: first_divergence(pair, ids, a, b))
 
 
 def step(race: Race) -> Lane | None:

@@ -1,6 +1,7 @@
 """specdec_core: lossless speculative decoding for Hugging Face causal LMs."""
 from .config import SpecConfig
-from .engine import autoregressive_generate, generate, make_drafter, speculative_generate
+from .drafters import make_drafter
+from .engine import autoregressive_generate, generate, speculative_generate
 from .events import Result, RoundEvent, Stats, summarize
 from .models import Pair, load_pair
 from .verify import verify

@@ -21,6 +21,7 @@ from torch import nn
 from .cache import CachedModel, TreeInput
 from .sampling import sample, warp
 from .theory import PassCosts, tree_size
+from .timing import tree_costs
 from .transfer import upload
 
 TREE_WIDTH = 4  # a tree node's children
@@ -320,3 +321,21 @@ def truncated_view(model: nn.Module, layers: int) -> nn.Module:
     name = next(n for n, m in model.named_children() if m is inner)
     setattr(view, name, view_inner)
     return view
+
+
+def make_drafter(pair, name: str = "model", cfg=None):
+    """By name: "model" (the pair's draft), "prompt-lookup" (n-grams), "hybrid" (n-grams when text is copied,
+    else the draft), "early-exit" (the target's first quarter of layers). When `cfg` asks for token trees, they
+    are sized by this device's pass costs (timing.tree_costs: timed once per pair)."""
+    costs = tree_costs(pair) if cfg is not None and cfg.tree_nodes and name != "prompt-lookup" else None
+    if name in ("model", "hybrid"):
+        if pair.draft is None:
+            raise ValueError(f"The pair {pair.name!r} has no draft model; choose prompt-lookup or early-exit.")
+        drafter = ModelDrafter(pair.cached("draft"), pass_cost=costs)
+        return drafter if name == "model" else HybridDrafter(drafter)
+    if name == "prompt-lookup":
+        return PromptLookupDrafter()
+    if name == "early-exit":
+        layers = max(1, len(pair.target.get_decoder().layers) // 4)
+        return EarlyExitDrafter(pair.target, pair.vocab, layers, pass_cost=costs)
+    raise ValueError(f"Unknown drafter {name!r}: use model, hybrid, prompt-lookup or early-exit.")

@@ -5,7 +5,6 @@ drafter that proposes nothing, so every round is one single-token target step.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Iterator
@@ -14,53 +13,13 @@ import torch
 
 from .cache import TreeInput
 from .config import MAX_K, MAX_PROMPT_CHARS, SpecConfig
-from .drafters import Draft, EarlyExitDrafter, HybridDrafter, ModelDrafter, NoDrafter, PromptLookupDrafter
+from .drafters import Draft, NoDrafter, make_drafter
 from .events import Result, RoundEvent, summarize
 from .sampling import NON_FINITE, NonFiniteLogitsError, warp
 from .text import encode_prompt
+from .timing import Clock
 from .transfer import upload
 from .verify import TreeDecision, decide, decide_tree
-
-
-class Clock:
-    """This decoder's own compute time: it stops while the consumer of the events holds control,
-    so two decoders interleaved on one device are each charged only their own work.
-
-    On CUDA the parts of a round are timed with events, read once the round's one transfer to the
-    host has synchronised anyway, so timing adds no stall of its own.
-    """
-
-    def __init__(self, device: torch.device):
-        kind = torch.device(device).type
-        self.cuda = kind == "cuda"
-        self._sync = torch.mps.synchronize if kind == "mps" else None
-        self.elapsed, self._t = 0.0, time.perf_counter()
-
-    def mark(self):
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        if self._sync:
-            self._sync()
-        return time.perf_counter()
-
-    def between(self, a, b) -> float:
-        return a.elapsed_time(b) / 1000 if self.cuda else b - a
-
-    def lap(self, sync: bool = False) -> float:
-        """Seconds since the last lap; `sync` waits for the device first (rounds need not: their read did)."""
-        if sync and self.cuda:
-            torch.cuda.synchronize()
-        elif self._sync:
-            self._sync()
-        now = time.perf_counter()
-        d, self._t = now - self._t, now
-        self.elapsed += d
-        return d
-
-    def resume(self) -> None:
-        self._t = time.perf_counter()
 
 
 def prepare(pair, prompt: str | list[int], cfg: SpecConfig) -> list[int]:
@@ -75,31 +34,10 @@ def prepare(pair, prompt: str | list[int], cfg: SpecConfig) -> list[int]:
     return ids
 
 
-def make_drafter(pair, name: str = "model", layers: int | None = None, tree: bool = False):
-    """By name: "model" (the pair's draft), "prompt-lookup" (n-grams), "hybrid" (n-grams when text is
-    copied, else the draft), "early-exit" (the target's first `layers` layers; a quarter by default).
-    `tree`: it will draft trees (cfg.tree_nodes), sized by this device's pass costs, timed once per pair."""
-    costs = None
-    if tree and name != "prompt-lookup":
-        from .models.load import tree_costs  # the models package imports this module
-        costs = tree_costs(pair)
-    if name in ("model", "hybrid"):
-        if pair.draft is None:
-            raise ValueError(f"The pair {pair.name!r} has no draft model; choose prompt-lookup or early-exit.")
-        drafter = ModelDrafter(pair.cached("draft"), pass_cost=costs)
-        return drafter if name == "model" else HybridDrafter(drafter)
-    if name == "prompt-lookup":
-        return PromptLookupDrafter()
-    if name == "early-exit":
-        layers = layers or max(1, len(pair.target.get_decoder().layers) // 4)
-        return EarlyExitDrafter(pair.target, pair.vocab, layers, pass_cost=costs)
-    raise ValueError(f"Unknown drafter {name!r}: use model, hybrid, prompt-lookup or early-exit.")
-
-
 def speculative_generate(pair, prompt, cfg: SpecConfig, drafter=None, judge=decide) -> Iterator[RoundEvent]:
     """One event per round: draft k tokens, verify them in one target pass, commit a prefix + 1.
     `judge`: the accept/reject rule (verify.decide; the GPU bench swaps in a simulated one)."""
-    drafter = drafter or make_drafter(pair, tree=cfg.tree_nodes > 0)
+    drafter = drafter or make_drafter(pair, "model", cfg)
     return decode(pair, prepare(pair, prompt, cfg), cfg, drafter, "speculative", judge)
 
 

@@ -157,7 +157,8 @@ def decide_tree(tokens: torch.Tensor, parents: list[int], q: torch.Tensor | None
             accept[c] = accept_probabilities(p_x[c], q[c].gather(0, x)[0] if q is not None else torch.ones_like(p_x[c]))
             hit[c] = ~taken & (uniforms[c] < accept[c])
             if j + 1 < len(kids):  # the next sibling is judged against what this one left
-                cur = torch.where(taken | hit[c], cur, residual_distribution(cur, q[c] if q is not None else point_mass(x, vocab)[0]))
+                q_c = q[c] if q is not None else point_mass(x, vocab)[0]
+                cur = torch.where(taken | hit[c], cur, residual_distribution(cur, q_c))
             taken = taken | hit[c]
     on_path = []
     for i, parent in enumerate(parents):  # a node is on the path when its parent is and it was accepted

@@ -9,11 +9,12 @@ import torch
 from specdec_core.cache import CachedModel
 from specdec_core.models import make_pair
 from specdec_core.models.tiny import tiny_models
+from specdec_core.theory import PassCosts
 
 CPU = torch.device("cpu")
 # A tree's verification pass costs what a step does, so trees keep every node drafted: timed costs of
 # the tiny sub-millisecond models would be noise, and their trees (and sampled outputs) would vary run to run.
-FLAT_COSTS = {"pass_costs": {"sizes": {1: 1.0, 65: 1.0}, "draft": 0.0}}
+FLAT_COSTS = PassCosts({1: 1.0, 65: 1.0}, draft=0.0)
 PRODUCTION_CHECK = CachedModel.check
 
 
@@ -34,9 +35,8 @@ def tiny_set():
     target, perturbed, tok = tiny_models(seed=0)
     unrelated, _, _ = tiny_models(seed=123)
     return {
-        "same": make_pair("same", target, target, tok, CPU, torch.float32, FLAT_COSTS),
-        "perturbed": make_pair("perturbed", target, perturbed, tok, CPU, torch.float32, FLAT_COSTS),
-        "unrelated": make_pair("unrelated", target, unrelated, tok, CPU, torch.float32, FLAT_COSTS),
+        name: dataclasses.replace(make_pair(name, target, draft, tok, CPU, torch.float32), pass_costs=FLAT_COSTS)
+        for name, draft in (("same", target), ("perturbed", perturbed), ("unrelated", unrelated))
     }
 
 

@@ -3,6 +3,7 @@ import html
 
 import plotly.graph_objects as go
 import pytest
+import torch
 
 from app import plots
 from app.handlers import lane_pieces
@@ -95,3 +96,32 @@ def test_figures_build_from_stats(tiny):
     assert "Speedup" in summary and "identical" in summary
     # empty inputs (before the first event) must not crash either
     plots.race_figure([], []), plots.speed_figure(None, None), plots.rounds_figure([]), plots.position_figure(None)
+
+
+def test_differing_greedy_outputs_say_where_they_part(tiny):
+    """A target whose logits depend on the pass's shape can part the two outputs at a near-tie: the summary says
+    where, with each decoder's token and the target's logit for it."""
+    from specdec_core.models import first_divergence
+
+    pair, cfg = with_eos(tiny, []), SpecConfig(k=4, max_new_tokens=12)
+    race = run(start_race(pair, "part", cfg))
+    assert race.identical and race.parted is None
+    ids = encode_prompt(pair.tokenizer, "part")
+    plain = race.plain.token_ids
+    other = plain[:3] + [(plain[3] + 1) % pair.vocab] + plain[4:]
+    d = first_divergence(pair, ids, plain, other)
+    logits = pair.target(torch.tensor([ids + plain[:3]])).logits[0, -1]
+    assert d["position"] == 3
+    assert (d["ar_logit"], d["spec_logit"]) == pytest.approx((float(logits[plain[3]]), float(logits[other[3]])), rel=1e-5)
+    assert first_divergence(pair, ids, plain, plain) is None
+    at = 0
+    for e in race.spec.events:  # the speculative lane takes the other token at position 3
+        if at <= 3 < at + len(e.committed):
+            e.committed[3 - at] = other[3]
+        at += len(e.committed)
+    assert race.identical is False
+    n, a, la, b, lb = race.parted
+    assert race.spec.token_ids[n] != race.plain.token_ids[n] and a == race.label(race.plain.token_ids[n])
+    for lang, words in (("en", "outputs part at token"), ("pt", "as saídas se separam no token")):
+        text = plots.summary_html(race.plain.stats, race.spec.stats, race.identical, False, lang, race.parted)
+        assert words in text and f"{n + 1}" in text and html.escape(b) in text and f"{lb:.3f}" in text

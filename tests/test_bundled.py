@@ -1,4 +1,4 @@
-"""The bundled pair: its cache, on a tiny stand-in (fast), and the real pair in float32 (slow)."""
+"""The bundled pair: its cache, on a tiny stand-in (fast), and the real pair, its target exact int8 from float32 (slow)."""
 import json
 
 import pytest
@@ -7,6 +7,8 @@ import torch
 from specdec_core import SpecConfig, generate, load_pair
 from specdec_core.models import bundled
 from specdec_core.models.tiny import tiny_models
+
+from .conftest import with_eos
 
 
 @pytest.fixture(scope="module")
@@ -19,12 +21,25 @@ def bundled_pair():
 @pytest.mark.parametrize("prompt", ["Write a Python function that checks whether a number is prime.",
                                     "Explain what a hash map is in two sentences."])
 def test_greedy_speculative_equals_the_targets_own_greedy_output(bundled_pair, prompt):
-    cfg = SpecConfig(k=4, max_new_tokens=32)
-    ar = generate(bundled_pair, prompt, cfg, "autoregressive")
-    spec = generate(bundled_pair, prompt, cfg)
+    cfg, pair = SpecConfig(k=4, max_new_tokens=32), with_eos(bundled_pair, [])  # 32 tokens, wherever the answer ends
+    ar = generate(pair, prompt, cfg, "autoregressive")
+    spec = generate(pair, prompt, cfg)
     assert len(ar.token_ids) == 32
     assert spec.token_ids == ar.token_ids
     assert spec.stats.acceptance_rate > 0.3  # a real draft of the same family agrees most of the time
+
+
+@pytest.mark.slow
+@pytest.mark.bundled
+@pytest.mark.parametrize("context", [128, 1030])
+def test_the_default_target_gives_a_position_the_same_logits_in_a_step_and_in_any_pass(bundled_pair, context):
+    """The CPU default (the exact int8 target): 17 positions fed one at a time, as plain decoding does, against the
+    same positions in one chain pass, and a tree's branch against its tokens fed alone: equal bit for bit."""
+    from .test_quant import logits_alone_and_in_a_pass
+
+    assert bundled_pair.target.config._attn_implementation == "specdec_rows"
+    alone, chain, branch, branch_alone = logits_alone_and_in_a_pass(bundled_pair.target, bundled_pair.vocab, context)
+    assert torch.equal(alone, chain) and torch.equal(branch, branch_alone)
 
 
 FAKE = bundled.BundledModel("fake", "fake", "none", 1, "0" * 64, 4)

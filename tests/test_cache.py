@@ -21,7 +21,7 @@ CONFIGS = [SpecConfig(k=4, max_new_tokens=40), SpecConfig(k=16, max_new_tokens=5
 @pytest.fixture()
 def fresh_pair():
     target, draft, tok = tiny_models(seed=7)
-    pair = make_pair("tiny", target, draft, tok, torch.device("cpu"), torch.float32, FLAT_COSTS)
+    pair = dataclasses.replace(make_pair("tiny", target, draft, tok, torch.device("cpu"), torch.float32), pass_costs=FLAT_COSTS)
     return dataclasses.replace(pair, eos_ids=frozenset())
 
 

@@ -18,7 +18,7 @@ from specdec_core.models import Pair
 from specdec_core.sampling import logits_to_probs
 from specdec_core.theory import PassCosts
 
-from .conftest import mutate
+from .conftest import FLAT_COSTS, mutate
 
 pytestmark = pytest.mark.slow  # 2,000 generations a test; the exact one-token check in test_verify.py is fast
 
@@ -38,7 +38,7 @@ def toy(seed):
 def toy_pair():
     target, draft = toy(1), toy(2)
     cpu = torch.device("cpu")
-    return Pair("toy", target, draft, None, VOCAB, frozenset(), 64, cpu, torch.float32)
+    return Pair("toy", target, draft, None, VOCAB, frozenset(), 64, cpu, torch.float32, pass_costs=FLAT_COSTS)
 
 
 def exact_distribution(pair, warp):
@@ -54,7 +54,7 @@ def exact_distribution(pair, warp):
 def sample_counts(pair, cfg, drafter):
     counts = {}
     for seed in range(SAMPLES):
-        made = drafter(pair) if callable(drafter) else make_drafter(pair, drafter, layers=1)
+        made = drafter(pair) if callable(drafter) else make_drafter(pair, drafter, SpecConfig(**cfg))
         events = speculative_generate(pair, PROMPT, SpecConfig(seed=seed, **cfg), made)
         seq = tuple(t for e in events for t in e.committed)
         counts[seq] = counts.get(seq, 0) + 1
@@ -145,7 +145,7 @@ def test_a_sibling_residual_renormalised_once_too_often_is_detected(toy_pair, mo
     """After a rejected child, what is left is p - q of that child; taking q without the child's own token
     (renormalised once more: the next sibling's q) instead is subtly wrong."""
     mutate(monkeypatch, verify, "decide_tree",
-           ("residual_distribution(cur, q[c] if q is not None", "residual_distribution(cur, without(q[c], x) if q is not None"))
+           ("q_c = q[c] if q is not None", "q_c = without(q[c], x) if q is not None"))
     monkeypatch.setitem(verify.decide_tree.__globals__, "without",
                         lambda q, x: q.index_fill(0, x, 0.0) / q.index_fill(0, x, 0.0).sum())
     assert p_value(toy_pair, TREE, narrow_tree) < 1e-3

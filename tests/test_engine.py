@@ -6,7 +6,7 @@ import pytest
 
 from specdec_core import SpecConfig, autoregressive_generate, generate, speculative_generate
 from specdec_core.drafters import ModelDrafter, PromptLookupDrafter
-from specdec_core.engine import make_drafter
+from specdec_core.drafters import make_drafter
 
 from .conftest import with_eos
 
@@ -115,7 +115,7 @@ def test_autoregressive_is_one_event_per_token(tiny):
 def test_prompt_lookup_and_early_exit_are_lossless(tiny):
     prompt = "abcabcabcabc abc abc abcabc"
     pair = with_eos(tiny, [])
-    for drafter in (PromptLookupDrafter(), make_drafter(pair, "early-exit", layers=1)):
+    for drafter in (PromptLookupDrafter(), make_drafter(pair, "early-exit")):
         for cfg in (SpecConfig(k=4, max_new_tokens=40), SpecConfig(k=3, max_new_tokens=17)):
             assert generate(pair, prompt, cfg, drafter=drafter).token_ids == \
                 generate(pair, prompt, cfg, "autoregressive").token_ids

@@ -10,7 +10,7 @@ from specdec_core.cache import TreeInput
 from specdec_core.drafters import ModelDrafter, without
 from specdec_core.engine import prepare
 from specdec_core.events import tree_depths
-from specdec_core.models.load import TREE_PASS_SIZES, tree_costs
+from specdec_core.timing import TREE_PASS_SIZES, tree_costs
 from specdec_core.theory import PassCosts, tree_size
 from specdec_core.verify import decide, decide_tree
 
@@ -155,7 +155,7 @@ def test_tree_size_follows_the_cost_of_a_pass():
 
 
 def test_tree_costs_are_timed_once_per_pair(tiny):
-    pair = dataclasses.replace(tiny, info={})
+    pair = dataclasses.replace(tiny, pass_costs=None)
     costs = tree_costs(pair)
     assert sorted(costs.sizes) == list(TREE_PASS_SIZES) and costs.sizes[1] == 1.0
     assert all(c > 0 for c in costs.sizes.values()) and costs.draft > 0

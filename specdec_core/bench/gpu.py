@@ -39,9 +39,10 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from .. import SpecConfig, autoregressive_generate, generate, load_pair, speculative_generate, summarize
 from ..models import enable_graphs, make_pair, pick_device
 from ..models.attention import GROUPED
-from ..models.load import pass_ms, passes_ms
+
 from ..models.tiny import tiny_models, tiny_tokenizer
 from ..theory import expected_speedup
+from ..timing import pass_ms, passes_ms
 from ..verify import Decision, accepted_prefix
 
 SHAPES = {  # (hidden, intermediate, layers, heads, kv heads, vocab rows), target then draft
@@ -144,7 +145,8 @@ def measure(pair, args, graphs: str, attention: str, accepts: dict[str, float], 
         "simulated": runs,
         "trees": trees,
         "race": {"a": accepts[race_at], "plain_tokens_per_s": race["plain"], "spec_tokens_per_s": race["spec"],
-                 "speedup": race["spec"] / race["plain"], "speedup_alone": runs[race_at]["speedup"]},
+                 "speedup": race["spec"] / race["plain"], "speedup_alone": runs[race_at]["speedup"],
+                 "simulated": f"the verdicts drawn with probability a={accepts[race_at]:g}, not judged by the models"},
     }
 
 
@@ -180,7 +182,7 @@ def table(report: dict) -> str:
                     f"{100 * v['bandwidth_share']['target']:>5.0f}%{p[5]:>7.2f}{p[17]:>8.2f}{p[65]:>8.2f}"
                     f"{v['plain_tokens_per_s']:>12.1f}  {sims}")
         r = v["race"]
-        rows.append(f"{'':<25}race at a={r['a']:g}: {r['speedup']:.2f}x (alone {r['speedup_alone']:.2f}x)")
+        rows.append(f"{'':<25}race at simulated a={r['a']:g}: {r['speedup']:.2f}x (alone {r['speedup_alone']:.2f}x)")
         if v["trees"]:
             rows.append(f"{'':<25}trees, predicted at the bundled pair's tokens a pass: " + "; ".join(
                 f"{n} nodes {t['pass_cost_vs_step']:.2f} steps, {t['predicted_speedup']:.2f}x" for n, t in v["trees"].items()))

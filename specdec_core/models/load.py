@@ -3,13 +3,10 @@ from __future__ import annotations
 
 import ctypes
 import os
-import statistics
 
 import torch
 
 from ..cache import STEP_SIZES, StaticSteps
-from ..engine import Clock
-from ..theory import PassCosts
 from .attention import GROUPED, ROWS
 from .pair import Pair, Progress, check_tokenizers, make_pair, pick_device, pick_dtype
 
@@ -17,15 +14,18 @@ from .pair import Pair, Progress, check_tokenizers, make_pair, pick_device, pick
 def load_pair(target: str = "bundled", draft: str | None = None, device: str = "auto", dtype: str = "auto",
               progress: Progress | None = None, cache_dir: str | os.PathLike | None = None,
               draft_quant: bool | str = "auto", pack: bool | str = "auto", quant_mode: str = "int4",
-              target_quant: str = "off", graphs: str = "auto", max_len: int = 4096) -> Pair:
+              target_quant: str = "auto", graphs: str = "auto", max_len: int = 4096) -> Pair:
     """"bundled" (offline default), "tiny" (random, for tests), or a target and draft hub id / local dir.
 
     "auto" (docs/benchmarks.md has the measurements):
     draft_quant: a quantised draft on CPUs (quant_mode: see quant.cheapen_draft). It changes the
     draft's speed and guesses, never the output.
     pack: on CPUs in bfloat16, every remaining Linear weight prepacked for oneDNN (same numbers, faster).
-    target_quant: "int8" on CPUs: int8 weights and per-token int8 activations, float32 elsewhere
-    (quant.quantise_target). Both decoders share it, so the race stays fair; it is another target.
+    target_quant: "int8" (the default on CPUs, "auto", but for the tiny test pair): int8 weights and per-token int8
+    activations, attention row by row, float32 elsewhere (quant.quantise_target). A position's logits are then the
+    same, bit for bit, in a one-token step and in any verification pass, so greedy speculative output is plain
+    decoding's on every prompt. Both decoders share it; it is another target than the weights as loaded. "off":
+    the weights as loaded (bfloat16 on most CPUs: faster to verify, but near-ties can part the two outputs).
     graphs: on CUDA, decoding steps compiled with CUDA graphs ("inductor"; also "cudagraphs", "off") over
     static caches of `max_len` positions (cache.StaticSteps); the context is capped to fit them.
     """
@@ -35,8 +35,10 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     backend = ("inductor" if dev.type == "cuda" else "off") if graphs == "auto" else graphs
     if backend not in ("off", "inductor", "cudagraphs"):
         raise ValueError(f"graphs must be auto, off, inductor or cudagraphs, got {graphs!r}")
-    if target_quant not in ("off", "int8"):
-        raise ValueError(f"target_quant must be off or int8, got {target_quant!r}")
+    if target_quant not in ("auto", "off", "int8"):
+        raise ValueError(f"target_quant must be auto, off or int8, got {target_quant!r}")
+    if target_quant == "auto":
+        target_quant = "int8" if dev.type == "cpu" and target != "tiny" else "off"
     folders = {}  # the bundled models keep their quantised weights beside their own
     if target == "tiny":  # as built, since tests compare it with models built the same way
         from .tiny import tiny_models
@@ -65,7 +67,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
         if dev.type != "cpu":
             raise ValueError("target_quant='int8' runs on CPUs only.")
         quantise_target(pair.target, *saved("target", "target-int8.safetensors"))
-        pair.info["target_weights"] = "int8, per-token int8 activations, float32 elsewhere"
+        pair.info["target_weights"] = "int8, exact: the same logits in a step and in a pass"
     if pack is True or (pack == "auto" and cpu_bf16):
         for role in ("target", "draft"):
             model = getattr(pair, role)
@@ -153,47 +155,3 @@ def load_hub_pair(target_id: str, draft_id: str, device: torch.device, dtype: to
     progress(1.0, "ready")
     return make_pair(f"{target_id} <- {draft_id}", target, draft, tok, first, dtype,
                      {"target": target_id, "draft": draft_id})
-
-
-
-
-def pass_ms(pair: Pair, role: str, context: int, n: int, reps: int = 10) -> float:
-    """Median milliseconds of an n-token pass of the target or the draft after `context` tokens."""
-    return passes_ms(pair, role, context, (n,), reps)[n]
-
-
-def passes_ms(pair: Pair, role: str, context: int, sizes, reps: int = 10, warm: int = 3) -> dict[int, float]:
-    """pass_ms for several sizes, after one prefill: {n: median milliseconds}."""
-    lm = pair.cached(role)
-    lm.prefill(list(range(1, context)))
-    clock, out = Clock(lm.device), {}
-    for n in sizes:
-        x, times = torch.ones(n, dtype=torch.long, device=lm.device), []
-        for _ in range(reps + warm):  # the first calls warm up (and compile, when compiled)
-            clock.lap(sync=True)
-            lm.forward(x, keep=n)
-            times.append(clock.lap(sync=True))
-            lm.crop(context - 1)
-        out[n] = statistics.median(times[warm:]) * 1000
-    return out
-
-
-def probe_costs(pair: Pair, k: int = 4, context: int = 128) -> dict:
-    """The draft's step (c) and a (k+1)-token verification pass (v), each relative to the target's
-    one-token step, timed on this device: what the cost model needs to say whether drafting pays."""
-    ms = passes_ms(pair, "target", context, (1, k + 1))
-    return {"c": pass_ms(pair, "draft", context, 1) / ms[1], "v": ms[k + 1] / ms[1], "k": k, "target_step_ms": ms[1]}
-
-
-TREE_PASS_SIZES = (1, 2, 4, 8, 16, 32, 65)
-
-
-def tree_costs(pair: Pair, context: int = 128) -> PassCosts:
-    """What sizes token trees on this device: target passes of 1..65 tokens and a draft forward of a tree
-    level (two tokens), relative to the target's one-token step. Timed once per pair, then kept."""
-    if "pass_costs" not in pair.info:
-        ms = passes_ms(pair, "target", context, TREE_PASS_SIZES, reps=3, warm=1)
-        sizes = {n: t / ms[1] for n, t in ms.items()}
-        draft = passes_ms(pair, "draft", context, (2,), reps=3, warm=1)[2] / ms[1] if pair.draft is not None else 0.0
-        pair.info["pass_costs"] = {"sizes": sizes, "draft": draft}
-    return PassCosts(**pair.info["pass_costs"])

@@ -10,6 +10,7 @@ import torch
 
 from ..cache import CachedModel, SharedHead, StaticSteps
 from ..text import template_head
+from ..theory import PassCosts
 
 Progress = Callable[[float, str], None]  # (fraction done, message)
 
@@ -28,6 +29,7 @@ class Pair:
     info: dict = field(default_factory=dict)  # shown to people: model names, parameter counts, kernels, load time
     steps: dict[str, StaticSteps] = field(default_factory=dict)  # "target" / "draft" -> compiled GPU steps
     heads: dict[str, SharedHead] = field(default_factory=dict)  # "target" / "draft" -> the chat head's keys and values
+    pass_costs: PassCosts | None = None  # what sizes token trees here: timed on first use (timing.tree_costs)
 
     def cached(self, role: str) -> CachedModel:
         """A fresh cache over the target or the draft, with that model's compiled steps and shared head
@@ -95,3 +97,19 @@ def make_pair(name, target, draft, tokenizer, device, dtype, info=None) -> Pair:
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec"))
+
+
+def first_divergence(pair: Pair, prompt_ids: list[int], a: list[int], b: list[int]) -> dict | None:
+    """Where two greedy outputs of the same prompt part, and the target's logits of the two tokens there, from
+    one pass over the prompt and the common prefix (None: they do not part). On a target whose logits depend on
+    the shape of the pass (bfloat16 on CPUs or GPUs), a near-tie can be won by one token in a one-token step and
+    by the other in a verification pass."""
+    pos = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if pos is None:
+        return None
+    with torch.inference_mode():
+        logits = pair.target(torch.tensor([prompt_ids + a[:pos]], device=pair.device), logits_to_keep=1).logits[0, -1]
+    logits = logits.float()[: pair.vocab]
+    logp = torch.log_softmax(logits, -1)
+    return {"position": pos, "ar_token": a[pos], "spec_token": b[pos], "ar_logit": float(logits[a[pos]]),
+            "spec_logit": float(logits[b[pos]]), "logprob_gap": float(logp[a[pos]] - logp[b[pos]])}

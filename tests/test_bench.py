@@ -60,14 +60,14 @@ def test_gpu_bench_runs_on_a_small_shape(tmp_path):
 def test_bench_compares_chains_and_trees_in_one_run(tmp_path, capsys):
     report = bench.main(["--pair", "tiny", "--max-new-tokens", "16", "--limit", "2", "--json", str(tmp_path / "t.json"),
                          "--dtype", "float32", "--device", "cpu", "--tree", "0,6"])
-    chain, tree = report["variants"]["off, chain"], report["variants"]["off, tree of 6"]
+    chain, tree = report["variants"]["auto, chain"], report["variants"]["auto, tree of 6"]
     assert chain["settings"]["tree_nodes"] == 0 and tree["settings"]["tree_nodes"] == 6
     assert chain["pass_costs"] is None and set(tree["pass_costs"]["sizes"]) == {1, 2, 4, 8, 16, 32, 65}
     for run in (chain, tree):
         assert all(e["identical_to_ar"] for e in run["prompts"])
         assert {"accepted_per_pass_mean", "drafted_per_round_mean", "depth_per_round_mean"} <= set(run["summary"])
     assert all(e["spec"]["drafted_per_round"] <= 6 for e in tree["prompts"])
-    assert (tmp_path / "t-off-tree-of-6.html").exists()
+    assert (tmp_path / "t-auto-tree-of-6.html").exists()
     assert "accepted/pass" in capsys.readouterr().out
 
 
@@ -86,3 +86,52 @@ def test_transformers_constant_k_really_drafts_k_tokens(tiny):
     assert len(constant) > 3 and set(constant[:-2]) == {4} and max(constant) == 4  # k drafts + 1; the end is cut short
     assert scored[1:] != constant  # the default stops where the draft is unsure (here after one token)
     assert pair.draft.generation_config.to_dict() == before
+
+
+def test_bench_times_contexts_and_the_draft_step(tmp_path, capsys):
+    report = bench.main(["--pair", "tiny", "--max-new-tokens", "8", "--limit", "1", "--json", str(tmp_path / "c.json"),
+                         "--dtype", "float32", "--device", "cpu", "--contexts", "32,200", "--draft-table"])
+    costs = report["costs_by_context"]
+    assert list(costs) == [32, 200] and all(c["step_ms"] > 0 and c["pass_17_ms"] > 0 for c in costs.values())
+    parts = report["draft_step"]["parts"]
+    assert set(parts) == {"attention", "mlp", "norms", "head", "sampling", "python and dispatch"}
+    assert all(p["ms"] >= 0 for p in parts.values()) and parts["mlp"]["mb"] > 0 and parts["head"]["mb"] > 0
+    assert sum(p["ms"] for name, p in parts.items() if name != "sampling") == pytest.approx(report["draft_step"]["step_ms"])
+    out = capsys.readouterr().out
+    assert "context 200: step_ms" in out and "python and dispatch" in out
+
+
+class FakeLlama:
+    """llama_cpp.Llama's generate as the peer uses it: an endless greedy stream."""
+
+    def __init__(self, stream):
+        self.stream, self.resets = stream, 0
+
+    def reset(self):
+        self.resets += 1
+
+    def generate(self, tokens, reset=True, **sampling):
+        assert tokens and sampling["temp"] == 0.0
+        yield from self.stream
+
+
+def test_the_peer_decodes_until_eos_or_the_token_cap(monkeypatch):
+    from specdec_core.bench.peer import LlamaCppPeer
+
+    peer = LlamaCppPeer([9], model=FakeLlama([5, 6, 7, 9, 4, 4]))
+    run = peer.generate([1, 2], SpecConfig(max_new_tokens=10))
+    assert run["token_ids"] == [5, 6, 7, 9] and run["tokens"] == 4 and run["tokens_per_s"] > 0
+    assert peer.generate([1, 2], SpecConfig(max_new_tokens=2))["token_ids"] == [5, 6] and peer.model.resets == 2
+    monkeypatch.setitem(__import__("sys").modules, "llama_cpp", None)  # not installed: a clear message
+    with pytest.raises(RuntimeError, match="pip install llama-cpp-python"):
+        LlamaCppPeer([9])
+    with pytest.raises(SystemExit, match="--pair bundled"):
+        bench.main(["--pair", "tiny", "--peer", "llama.cpp"])
+
+
+@pytest.mark.slow  # starts the app in a child process
+def test_startup_bench_times_a_start_until_ready(tmp_path):
+    from specdec_core.bench.startup import start
+
+    run = start(tmp_path, limit_s=300, pair="tiny")
+    assert run["status"].startswith("Ready:") and 0 < run["seconds"] < 300 and run["resident_mb"] > 50

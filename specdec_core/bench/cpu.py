@@ -22,8 +22,11 @@ import torch
 from .. import SpecConfig, generate, load_pair, make_drafter
 from ..config import DEFAULT_K, DEFAULT_MIN_CONFIDENCE
 from ..engine import prepare
+from ..models import first_divergence
 from ..models.quant import QUANT_MODES
+from ..sampling import warp
 from ..theory import measured_costs
+from ..timing import Clock, pass_ms, passes_ms
 from ..theory import predicted_speedup as predict
 
 STAT_KEYS = ("tokens", "seconds", "tokens_per_s")
@@ -34,18 +37,6 @@ SPEC_KEYS = OWN_KEYS + ("acceptance_rate", "accepted_fraction", "mean_accepted_l
 
 def pick(stats, keys) -> dict:
     return {k: getattr(stats, k) for k in keys}
-
-
-def first_divergence(pair, prompt_ids, a: list[int], b: list[int]) -> dict | None:
-    """Where two greedy outputs part, and the target's log-probability gap between the two tokens there."""
-    pos = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-    if pos is None:
-        return None
-    with torch.inference_mode():
-        logits = pair.target(torch.tensor([prompt_ids + a[:pos]], device=pair.device), logits_to_keep=1).logits[0, -1]
-    logp = torch.log_softmax(logits.float()[: pair.vocab], -1)
-    return {"position": pos, "ar_token": a[pos], "spec_token": b[pos],
-            "logprob_gap": float(logp[a[pos]] - logp[b[pos]])}
 
 
 ASSISTANT_KEYS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
@@ -96,14 +87,16 @@ def fastest(runs: list, seconds) -> object:
     return min(runs, key=seconds)
 
 
-def run_prompt(pair, item, cfg, drafter_name, compare_hf, hf_k, repeats=1) -> dict:
+def run_prompt(pair, item, cfg, drafter_name, compare_hf, hf_k, repeats=1, peer=None) -> dict:
     ids = prepare(pair, item["prompt"], cfg)
-    ars, specs, hfs = [], [], []
+    ars, specs, hfs, peers = [], [], [], []
     for _ in range(repeats):  # interleaved, so that a slow spell of the machine hits every method
         ars.append(generate(pair, ids, cfg, "autoregressive"))
-        specs.append(generate(pair, ids, cfg, drafter=make_drafter(pair, drafter_name, tree=cfg.tree_nodes > 0)))
+        specs.append(generate(pair, ids, cfg, drafter=make_drafter(pair, drafter_name, cfg)))
         if compare_hf:
             hfs.append([hf_assisted(pair, ids, cfg, constant_k) for constant_k in (0, hf_k)])
+        if peer is not None:
+            peers.append(peer.generate(ids, cfg))
     ar, spec = fastest(ars, lambda r: r.stats.seconds), fastest(specs, lambda r: r.stats.seconds)
     entry = {"id": item["id"], "category": item.get("category", ""), "prompt_tokens": len(ids),
              "ar": pick(ar.stats, OWN_KEYS),
@@ -123,6 +116,11 @@ def run_prompt(pair, item, cfg, drafter_name, compare_hf, hf_k, repeats=1) -> di
         entry["hf_runs"] = [{k: r[k] for k in STAT_KEYS + ("schedule",)} for r in runs]
         entry["hf_identical_to_ar"] = best["token_ids"][: len(ar.token_ids)] == ar.token_ids
         entry["speedup_vs_hf"] = spec.stats.tokens_per_s / best["tokens_per_s"]
+    if peers:  # another engine's numerics: its greedy output is its own, recorded, not expected to match
+        best = fastest(peers, lambda r: r["seconds"])
+        entry["peer"] = {k: best[k] for k in STAT_KEYS} | {"name": peer.name}
+        entry["peer_identical_to_ar"] = best["token_ids"] == ar.token_ids
+        entry["speedup_vs_peer"] = spec.stats.tokens_per_s / best["tokens_per_s"]
     return entry
 
 
@@ -143,12 +141,17 @@ def summarize(entries: list[dict]) -> dict:
         out["speedup_vs_hf_median"] = med("speedup_vs_hf")
         out["hf_speedup_median"] = statistics.median(e["hf_assisted"]["tokens_per_s"] / e["ar"]["tokens_per_s"]
                                                      for e in entries)
+    if all("speedup_vs_peer" in e for e in entries):
+        out["peer_tokens_per_s_median"] = statistics.median(e["peer"]["tokens_per_s"] for e in entries)
+        out["speedup_vs_peer_median"] = med("speedup_vs_peer")
+        out["speedup_vs_peer_min"] = min(e["speedup_vs_peer"] for e in entries)
     return out
 
 
 def table(report: dict) -> str:
+    peer = all("peer" in e for e in report["prompts"])
     rows = [f"{'prompt':<20}{'AR tok/s':>9}{'spec tok/s':>11}{'speedup':>8}{'decode':>7}{'pred.':>7}{'accept':>7}"
-            f"{'acc/rnd':>8}{'HF tok/s':>9}{'vs HF':>7}  same"]
+            f"{'acc/rnd':>8}{'HF tok/s':>9}{'vs HF':>7}" + (f"{'peer tok/s':>11}{'vs peer':>8}" if peer else "") + "  same"]
     for e in report["prompts"]:
         hf = e.get("hf_assisted")
         rows.append(f"{e['id']:<20}{e['ar']['tokens_per_s']:>9.2f}{e['spec']['tokens_per_s']:>11.2f}"
@@ -156,6 +159,7 @@ def table(report: dict) -> str:
                     f"{e['spec']['acceptance_rate']:>7.2f}"
                     f"{e['spec']['mean_accepted_length']:>8.2f}"
                     + (f"{hf['tokens_per_s']:>9.2f}{e['speedup_vs_hf']:>6.2f}x" if hf else f"{'-':>9}{'-':>7}")
+                    + (f"{e['peer']['tokens_per_s']:>11.2f}{e['speedup_vs_peer']:>7.2f}x" if peer else "")
                     + ("  yes" if e["identical_to_ar"] else
                        f"  near-tie at {e['first_divergence']['position']} "
                        f"(gap {e['first_divergence']['logprob_gap']:.3f})"))
@@ -164,8 +168,72 @@ def table(report: dict) -> str:
                 f"{s['spec_tokens_per_s_median']:.1f} against {s['ar_tokens_per_s_median']:.1f} tok/s; decode phase "
                 f"{s['decode_speedup_median']:.2f}x vs predicted {s['predicted_speedup_median']:.2f}x "
                 f"(ratio {s['measured_over_predicted_median']:.2f}); identical {s['identical']}/{s['prompts']}"
-                + (f", vs HF assisted {s['speedup_vs_hf_median']:.2f}x" if "speedup_vs_hf_median" in s else ""))
+                + (f", vs HF assisted {s['speedup_vs_hf_median']:.2f}x" if "speedup_vs_hf_median" in s else "")
+                + (f"; {s['spec_tokens_per_s_median']:.1f} against {report['peer']}'s plain "
+                   f"{s['peer_tokens_per_s_median']:.1f} tok/s: {s['speedup_vs_peer_median']:.2f}x median "
+                   f"(min {s['speedup_vs_peer_min']:.2f}x)" if "speedup_vs_peer_median" in s else ""))
     return "\n".join(rows)
+
+
+def costs_by_context(pair, contexts: list[int], k: int) -> dict:
+    """The target's one-token step and its (k+1)-token verification pass, and a draft step, at each context
+    length: what a long conversation costs each of them (milliseconds, median of 10 after warm-up)."""
+    out = {}
+    for context in contexts:
+        target = passes_ms(pair, "target", context, (1, k + 1))
+        out[context] = {"step_ms": target[1], f"pass_{k + 1}_ms": target[k + 1],
+                        "draft_step_ms": pass_ms(pair, "draft", context, 1) if pair.draft is not None else None}
+    return out
+
+
+def draft_step_table(pair, context: int = 128, reps: int = 30) -> dict:
+    """Where a draft step's time goes: per part of the model (all layers' attention blocks, MLPs and norms, the
+    head), milliseconds and megabytes of weights read, timed with hooks; sampling (warp and argmax) timed apart;
+    what is left of a step timed without hooks is Python and dispatch outside those modules."""
+    lm, model = pair.cached("draft"), pair.draft
+    lm.prefill(list(range(1, context)))
+    x, clock = torch.ones(1, dtype=torch.long, device=lm.device), Clock(lm.device)
+
+    def median_ms(run) -> float:
+        times = []
+        for _ in range(reps + 3):
+            clock.lap(sync=True)
+            run()
+            times.append(clock.lap(sync=True))
+        return statistics.median(times[3:]) * 1000
+
+    def step():
+        lm.forward(x, keep=1)
+        lm.crop(context - 1)
+
+    total = median_ms(step)
+    layers = model.get_decoder().layers
+    parts = {"attention": [m.self_attn for m in layers], "mlp": [m.mlp for m in layers],
+             "norms": [n for m in layers for n in (m.input_layernorm, m.post_attention_layernorm)]
+             + [model.get_decoder().norm], "head": [model.get_output_embeddings()]}
+    spent = {name: 0.0 for name in parts}
+    hooks = []
+    for name, modules in parts.items():
+        for module in modules:
+            hooks.append(module.register_forward_pre_hook(lambda *a, name=name: spent.__setitem__(
+                name, spent[name] - time.perf_counter())))
+            hooks.append(module.register_forward_hook(lambda *a, name=name: spent.__setitem__(
+                name, spent[name] + time.perf_counter())))
+    try:
+        for _ in range(reps):
+            step()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    logits = lm.forward(x, keep=1)
+    lm.crop(context - 1)
+    table = {name: {"ms": spent[name] / reps * 1000,
+                    "mb": sum(t.numel() * t.element_size() for m in modules for t in [*m.parameters(), *m.buffers()]) / 1e6}
+             for name, modules in parts.items()}
+    table["sampling"] = {"ms": median_ms(lambda: warp(logits, 0.0)[0].argmax(-1)), "mb": 0.0}
+    table["python and dispatch"] = {"ms": max(total - sum(v["ms"] for name, v in table.items() if name != "sampling"), 0.0),
+                                    "mb": 0.0}
+    return {"context": context, "step_ms": total, "target_step_ms": pass_ms(pair, "target", context, 1), "parts": table}
 
 
 def drafts(settings: dict) -> str:
@@ -222,13 +290,19 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=1, help="run each method this many times; keep the fastest")
     ap.add_argument("--draft-quant", default="int4", choices=[*QUANT_MODES, "off"],
                     help="how the draft is quantised on CPUs (off: as loaded)")
-    ap.add_argument("--target-quant", default="off",
-                    help="the target's weights on CPUs: off (as loaded) or int8; a comma list compares them in one run")
+    ap.add_argument("--target-quant", default="auto",
+                    help="the target: auto (int8 on CPUs), off (as loaded) or int8; a comma list compares them in one run")
+    ap.add_argument("--peer", default="none", choices=["none", "llama.cpp"],
+                    help="also time llama.cpp's plain decoding of the bundled target's GGUF (needs llama-cpp-python)")
+    ap.add_argument("--contexts", default="", help="comma list of context lengths: time a step and a pass at each")
+    ap.add_argument("--draft-table", action="store_true", help="time where a draft step goes, part by part")
     ap.add_argument("--tree", default="0",
                     help="draft token trees of up to this many nodes (0: a chain); a comma list compares them in one run")
     args = ap.parse_args(argv)
 
     target, _, draft = args.pair.partition(",")
+    if args.peer != "none" and args.pair != "bundled":
+        raise SystemExit("--peer llama.cpp decodes the bundled target's GGUF: use it with --pair bundled")
     cfg = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature, adaptive=args.adaptive,
                      min_confidence=args.min_confidence)
     items = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
@@ -246,14 +320,26 @@ def main(argv=None) -> dict:
             # warm-up: first calls pay for allocations and kernel selection (and a tree's pass costs are timed)
             warm = dataclasses.replace(cfgs[variant], max_new_tokens=8)
             generate(pair, items[0]["prompt"], warm, "autoregressive")
-            generate(pair, items[0]["prompt"], warm, drafter=make_drafter(pair, args.drafter, tree=nodes > 0))
+            generate(pair, items[0]["prompt"], warm, drafter=make_drafter(pair, args.drafter, cfgs[variant]))
             if args.compare_hf:
                 hf_assisted(pair, prepare(pair, items[0]["prompt"], warm), warm, args.hf_k)
+    peer = None
+    if args.peer == "llama.cpp":
+        from .peer import LlamaCppPeer
+        peer = LlamaCppPeer(next(iter(pairs.values())).eos_ids)
+        peer.generate(prepare(pair, items[0]["prompt"], warm), warm)  # warm-up
+    extra = {}  # per target: the costs by context and the draft's table, timed before the prompts run
+    for variant, pair in pairs.items():
+        if variant.split(",")[0] not in extra:
+            extra[variant.split(",")[0]] = {
+                "costs_by_context": costs_by_context(pair, [int(c) for c in args.contexts.split(",")], cfg.k)
+                if args.contexts else None,
+                "draft_step": draft_step_table(pair) if args.draft_table and pair.draft is not None else None}
     entries = {variant: [] for variant in pairs}
     for item in items:
         for variant, pair in pairs.items():
             entries[variant].append(run_prompt(pair, item, cfgs[variant], args.drafter, args.compare_hf, args.hf_k,
-                                               args.repeats))
+                                               args.repeats, peer))
             e = entries[variant][-1]
             print(f"{e['id']} ({variant} target): {e['speedup']:.2f}x, {e['spec']['tokens_per_s']:.1f} tok/s, "
                   f"acceptance {e['spec']['acceptance_rate']:.2f}", flush=True)
@@ -269,7 +355,9 @@ def main(argv=None) -> dict:
                          "drafter": args.drafter, "adaptive": cfg.adaptive, "min_confidence": cfg.min_confidence,
                          "hf_k": args.hf_k, "repeats": args.repeats, "target_quant": variant.split(",")[0],
                          "tree_nodes": cfgs[variant].tree_nodes, "prompts": args.prompts},
-            "pass_costs": pair.info.get("pass_costs") if cfgs[variant].tree_nodes else None,
+            "pass_costs": dataclasses.asdict(pair.pass_costs) if cfgs[variant].tree_nodes else None,
+            "peer": peer and f"{peer.name} {peer.version} (plain decoding of the target's GGUF, Q4_K_M)",
+            **extra[variant.split(",")[0]],
             "load_s": load_s[variant], "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "prompts": entries[variant], "summary": summarize(entries[variant])}
     report = next(iter(reports.values())) if len(reports) == 1 else {"variants": reports}
@@ -279,6 +367,12 @@ def main(argv=None) -> dict:
         slug = re.sub(r"[^a-z0-9]+", "-", variant.lower()).strip("-")
         chart(one, png if len(reports) == 1 else png.with_name(f"{png.stem}-{slug}{png.suffix}"))
         print(f"{variant}: target weights {one['target_weights']}\n{table(one)}")
+        for context, costs in (one["costs_by_context"] or {}).items():
+            print(f"context {context}: " + ", ".join(f"{key} {value:.1f}" for key, value in costs.items() if value))
+        if one["draft_step"]:
+            d = one["draft_step"]
+            print(f"draft step {d['step_ms']:.2f} ms (target step {d['target_step_ms']:.2f} ms): "
+                  + ", ".join(f"{name} {v['ms']:.2f} ms / {v['mb']:.0f} MB" for name, v in d["parts"].items()))
     if len(reports) > 1:
         print(f"{'variant':<24}{'median speedup':>15}{'drafted/round':>14}{'accepted/pass':>14}")
         for variant, one in reports.items():

@@ -1,14 +1,15 @@
 """The Gradio interface, composed from small build_* functions."""
 from __future__ import annotations
 
+import inspect
 import json
 from functools import partial
 from pathlib import Path
 
 import gradio as gr
 
-from specdec_core.config import (DEFAULT_K, DEFAULT_MIN_CONFIDENCE, MAX_K, MAX_NEW_TOKENS, MAX_TEMPERATURE,
-                                 MAX_TREE_NODES)
+from specdec_core import SpecConfig
+from specdec_core.config import MAX_K, MAX_NEW_TOKENS, MAX_TEMPERATURE, MAX_TREE_NODES
 
 from . import handlers, teach
 from .i18n import LANGUAGES, t
@@ -77,29 +78,41 @@ def build_pair_bar(manager, tx: Texts):
     return choice, custom, load, status
 
 
+API_FIELDS = ("k", "temperature", "top_p", "top_k", "max_new_tokens", "seed", "min_confidence", "tree_nodes")
+# the API's parameters: SpecConfig's fields with its defaults, and the drafter
+API_SIGNATURE = inspect.Signature(
+    [inspect.Parameter("prompt", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)]
+    + [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=kind)
+       for name, kind, default, _ in SpecConfig.options(API_FIELDS)]
+    + [inspect.Parameter("drafter", inspect.Parameter.POSITIONAL_OR_KEYWORD, default="model", annotation=str),
+       inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=gr.Request)],
+    return_annotation=dict)
+DEFAULTS = SpecConfig()
+
+
 def build_controls(tx: Texts):
     with gr.Row():
         prompt = tx(gr.Textbox(label=t("prompt"), lines=3, max_lines=12, elem_id="prompt", scale=3,
                                placeholder=t("prompt_hint")), label="prompt", placeholder="prompt_hint")
         with gr.Column(scale=2, min_width=320):
-            k = tx(gr.Slider(1, MAX_K, value=DEFAULT_K, step=1, label=t("k"), elem_id="k"), label="k")
-            max_new = tx(gr.Slider(1, MAX_NEW_TOKENS, value=96, step=1, label=t("max_new"), elem_id="max-new"),
+            k = tx(gr.Slider(1, MAX_K, value=DEFAULTS.k, step=1, label=t("k"), elem_id="k"), label="k")
+            max_new = tx(gr.Slider(1, MAX_NEW_TOKENS, value=DEFAULTS.max_new_tokens, step=1, label=t("max_new"), elem_id="max-new"),
                          label="max_new")
-            temperature = tx(gr.Slider(0, MAX_TEMPERATURE, value=0.0, step=0.05, label=t("temperature")),
+            temperature = tx(gr.Slider(0, MAX_TEMPERATURE, value=DEFAULTS.temperature, step=0.05, label=t("temperature")),
                              label="temperature")
     gr.Examples(example_prompts(), inputs=prompt, label="Examples / Exemplos")
     with tx(gr.Accordion(t("more"), open=False), label="more"):
         with gr.Row():
-            top_p = tx(gr.Slider(0.01, 1.0, value=1.0, step=0.01, label=t("top_p")), label="top_p")
-            top_k = tx(gr.Slider(0, 200, value=0, step=1, label=t("top_k")), label="top_k")
-            seed = tx(gr.Number(0, precision=0, minimum=0, label=t("seed")), label="seed")
+            top_p = tx(gr.Slider(0.01, 1.0, value=DEFAULTS.top_p, step=0.01, label=t("top_p")), label="top_p")
+            top_k = tx(gr.Slider(0, 200, value=DEFAULTS.top_k, step=1, label=t("top_k")), label="top_k")
+            seed = tx(gr.Number(DEFAULTS.seed, precision=0, minimum=0, label=t("seed")), label="seed")
         with gr.Row():
             drafter = tx(gr.Radio(["model", "hybrid", "prompt-lookup", "early-exit"], value="model", label=t("drafter"),
                                   info=t("drafter_info")), label="drafter", info="drafter_info")
-            adaptive = tx(gr.Checkbox(False, label=t("adaptive")), label="adaptive")
-            confidence = tx(gr.Slider(0, 0.95, value=DEFAULT_MIN_CONFIDENCE, step=0.05, label=t("confidence"),
+            adaptive = tx(gr.Checkbox(DEFAULTS.adaptive, label=t("adaptive")), label="adaptive")
+            confidence = tx(gr.Slider(0, 0.95, value=DEFAULTS.min_confidence, step=0.05, label=t("confidence"),
                                       info=t("confidence_info")), label="confidence", info="confidence_info")
-            tree = tx(gr.Slider(0, MAX_TREE_NODES, value=0, step=1, label=t("tree_nodes"), info=t("tree_info"),
+            tree = tx(gr.Slider(0, MAX_TREE_NODES, value=DEFAULTS.tree_nodes, step=1, label=t("tree_nodes"), info=t("tree_info"),
                                 elem_id="tree-nodes"), label="tree_nodes", info="tree_info")
         tx(gr.Markdown(t("rules")), value="rules")
     with gr.Row():
@@ -256,14 +269,16 @@ def build_app(manager, limits=None) -> gr.Blocks:
         gr.Timer(1.0).tick(partial(status_html, manager), None, status, api_visibility="private",
                            show_progress="hidden", queue=False)
 
-        def api(prompt: str, k: int = DEFAULT_K, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                max_new_tokens: int = 128, seed: int = 0, drafter: str = "model",
-                min_confidence: float = DEFAULT_MIN_CONFIDENCE, tree_nodes: int = 0, request: gr.Request = None) -> dict:
+        def api(*args, **kwargs) -> dict:
             """Generate with plain and speculative decoding; returns the text and the statistics."""
-            values = dict(k=k, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
-                          seed=seed, drafter=drafter, min_confidence=min_confidence, tree_nodes=tree_nodes, record_top=0)
-            return handlers.api_generate(manager, limits, prompt, values, request)
+            values = API_SIGNATURE.bind(*args, **kwargs)
+            values.apply_defaults()
+            values = dict(values.arguments)
+            prompt, request = values.pop("prompt"), values.pop("request")
+            return handlers.api_generate(manager, limits, prompt, {**values, "record_top": 0}, request)
 
+        api.__signature__ = API_SIGNATURE
+        api.__annotations__ = {name: p.annotation for name, p in API_SIGNATURE.parameters.items()} | {"return": dict}
         gr.api(api, api_name="generate", concurrency_id="gpu")
     demo.texts = tx  # the language switch's registry, for tests
     return demo

@@ -4,7 +4,6 @@ from .drafters import make_drafter
 from .engine import autoregressive_generate, generate, speculative_generate
 from .events import Result, RoundEvent, Stats, summarize
 from .models import Pair, load_pair
-from .verify import verify
 
 __all__ = ["SpecConfig", "Pair", "Result", "RoundEvent", "Stats", "load_pair", "generate", "speculative_generate",
-           "autoregressive_generate", "make_drafter", "summarize", "verify"]
+           "autoregressive_generate", "make_drafter", "summarize"]

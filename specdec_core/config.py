@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 # Caps shared by the engine, the app and the API. They bound the work one request can ask for.
 MAX_K = 16
@@ -10,27 +10,29 @@ MAX_TREE_NODES = 64
 MAX_NEW_TOKENS = 1024
 MAX_TEMPERATURE = 2.0
 MAX_PROMPT_CHARS = 20_000
-# What the app starts with and the bench measures by default: drafts of up to 16 tokens, each cut
-# where the draft's confidence in it falls below 0.35 (docs/benchmarks.md has the measurements).
-DEFAULT_K, DEFAULT_MIN_CONFIDENCE = MAX_K, 0.35
 GREEDY_BELOW = 1e-4  # temperatures below this are treated as 0 (greedy): softmax(l / 1e-9) is one-hot anyway
+
+
+def setting(default, help: str):
+    """A field's default and what it means, said once: the app's controls, its API and the bench's flags read both."""
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass(frozen=True)
 class SpecConfig:
-    k: int = 4  # draft tokens proposed per round (1..MAX_K)
-    temperature: float = 0.0  # 0 = greedy; applied identically to draft and target
-    top_k: int = 0  # keep only the k most likely tokens; 0 = off
-    top_p: float = 1.0  # nucleus sampling mass in (0, 1]; 1 = off
-    max_new_tokens: int = 128  # hard cap on generated tokens (1..MAX_NEW_TOKENS)
-    seed: int = 0  # seeds the explicit torch.Generator: same seed, same output
-    chat: bool = True  # wrap the prompt in the tokenizer's chat template when it has one
-    adaptive: bool = False  # grow K after a fully accepted round, shrink it after a rejection
-    min_confidence: float = 0.0  # stop a draft once the product of its top probabilities falls below this; 0 = off
-    record_top: int = 0  # top-n probabilities kept per position in events (the app's inspector asks for 5); 0 = none
-    # draft a token tree of up to this many nodes (depth up to k) instead of a chain; 0 = a chain. How many are
-    # kept follows pass costs timed once per pair, so a seed repeats a sampled tree run within one loaded pair
-    tree_nodes: int = 0
+    """SpecConfig() is what the app starts with and the bench measures (docs/benchmarks.md has the measurements)."""
+    k: int = setting(MAX_K, f"the most draft tokens a round (1..{MAX_K})")
+    temperature: float = setting(0.0, "0 = greedy; applied identically to draft and target")
+    top_k: int = setting(0, "keep only the k most likely tokens; 0 = off")
+    top_p: float = setting(1.0, "nucleus sampling mass in (0, 1]; 1 = off")
+    max_new_tokens: int = setting(128, f"hard cap on generated tokens (1..{MAX_NEW_TOKENS})")
+    seed: int = setting(0, "seeds the explicit torch.Generator: same seed, same output")
+    chat: bool = setting(True, "wrap the prompt in the tokenizer's chat template when it has one")
+    adaptive: bool = setting(False, "grow K after a fully accepted round, shrink it after a rejection")
+    min_confidence: float = setting(0.35, "stop a draft once the product of its top probabilities falls below this; 0 = off")
+    record_top: int = setting(0, "top-n probabilities kept per position in events (the app's inspector asks for 5); 0 = none")
+    tree_nodes: int = setting(0, "draft a token tree of up to this many nodes (depth up to k) instead of a chain; 0 = a "
+                                 "chain. How many are kept follows pass costs timed once per pair")
 
     def __post_init__(self):
         for f in fields(self):
@@ -64,6 +66,12 @@ class SpecConfig:
             raise ValueError(f"tree_nodes must be between 0 (a chain) and {MAX_TREE_NODES}, got {self.tree_nodes}")
         if self.record_top < 0:
             raise ValueError(f"record_top must be >= 0, got {self.record_top}")
+
+    @classmethod
+    def options(cls, names) -> list[tuple[str, type, object, str]]:
+        """(name, type, default, help) of the named fields, in the order declared: what the API and CLIs expose."""
+        kinds = {"int": int, "float": float, "bool": bool}
+        return [(f.name, kinds[f.type], f.default, f.metadata["help"]) for f in fields(cls) if f.name in names]
 
     @property
     def greedy(self) -> bool:

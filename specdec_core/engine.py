@@ -5,6 +5,8 @@ drafter that proposes nothing, so every round is one single-token target step.
 """
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Iterator
@@ -70,46 +72,21 @@ def decode(pair, prompt_ids: list[int], cfg: SpecConfig, drafter, method: str, j
     drafter.start(ids)
     prefill_s = clock.lap(sync=True)
     for rnd in count(1):
-        remaining = cfg.max_new_tokens - (len(ids) - n_prompt)
-        k_round = min(k, remaining - 1)  # a round commits at most k+1 tokens
+        k_round = min(k, cfg.max_new_tokens - (len(ids) - n_prompt) - 1)  # a round commits at most k+1 tokens
         t0 = clock.mark()
         # 1) draft up to k tokens (with the q each was sampled from)
         draft: Draft = drafter.propose(ids, k_round, cfg, gen)
         t1 = clock.mark()
-        # 2) verify: the target scores [last, x_1..x_k] in ONE pass -> p for k+1 positions
-        #    (a tree: every node in that one pass, each seeing only its ancestors)
-        x = upload(draft.tokens, target.device)
-        q = None if draft.q is None else upload(draft.q, target.device)
-        # (a tree of one branch is verified as the chain it is: no mask, the same decision)
-        chain = draft.parents is None or draft.parents == list(range(-1, len(draft) - 1))
-        tree = None if chain else TreeInput([-1] + [parent + 1 for parent in draft.parents])
-        logits = target.forward(torch.cat([upload(ids[-1:], target.device), x]), keep=len(draft) + 1,
-                                tree=tree)
-        p, failed = warp(logits, cfg.temperature, cfg.top_k, cfg.top_p)
-        d = judge(x, q, p, gen, draft.size) if tree is None else decide_tree(x, draft.parents, q, p, gen)
-        # 3) the round's one read from the device: the decision, and what the event records
-        r = read_round(x, q, p, d, failed if draft.failed is None else failed | draft.failed.to(failed.device),
-                       draft.size, logits, draft.logits, cfg)
+        # 2) verify them in one target pass, and read the round back in one transfer
+        r, tree = verify_draft(target, ids[-1], draft, cfg, gen, judge)
         t2 = clock.mark()
         if r.failed:
             raise NonFiniteLogitsError(NON_FINITE)
-        # 4) commit the accepted prefix (a tree: path) and the target's token; stop at EOS or the length cap
-        new = [r.drafted[i] for i in r.path] + [r.token]
-        eos_at = next((i for i, t in enumerate(new) if t in pair.eos_ids), None)
-        if eos_at is not None:
-            new = new[: eos_at + 1]
-        root = len(ids)  # where the round's first drafted token sits in the target's cache
-        ids.extend(new)
-        n_gen = len(ids) - n_prompt
-        finish = "eos" if eos_at is not None else "length" if n_gen >= cfg.max_new_tokens else None
-        if tree is not None:  # keep the path's keys and values, drop the other branches'
-            target.compact(root, r.path)
-        target.crop(len(ids) - 1)
-        drafter.commit(ids)
-        target.check()
-        assert target.length == len(ids) - 1 and n_gen <= cfg.max_new_tokens
+        # 3) commit the accepted prefix (a tree: path) and the target's token; stop at EOS or the length cap
+        new, finish = commit(target, drafter, ids, r, tree, pair.eos_ids, n_prompt, cfg.max_new_tokens)
         if cfg.adaptive and r.drafted and draft.parents is None:  # grow after a full acceptance, shrink after a rejection
             k = min(k + 1, MAX_K) if r.accepted == len(r.drafted) else max(1, k - 1)
+        # 4) the event: what was decided, and where the time went
         draft_s, verify_s = clock.between(t0, t1), clock.between(t1, t2)
         round_s = clock.lap()
         yield RoundEvent(
@@ -121,10 +98,43 @@ def decode(pair, prompt_ids: list[int], cfg: SpecConfig, drafter, method: str, j
             parents=draft.parents, path=None if draft.parents is None else r.path, expected=draft.expected,
             prefill_s=prefill_s if rnd == 1 else 0.0, draft_s=draft_s, verify_s=verify_s,
             overhead_s=max(round_s - draft_s - verify_s, 0.0), elapsed_s=clock.elapsed,
-            n_generated=n_gen, finished=finish is not None, finish_reason=finish)
+            n_generated=len(ids) - n_prompt, finished=finish is not None, finish_reason=finish)
         if finish:
             return
         clock.resume()
+
+
+def verify_draft(target, last: int, draft: Draft, cfg: SpecConfig, gen, judge) -> tuple[Read, TreeInput | None]:
+    """The target scores [last, x_1..x_k] in ONE pass (a tree: every node, each seeing only its ancestors), the
+    rule decides, and everything the host needs comes back in the round's one read."""
+    x = upload(draft.tokens, target.device)
+    q = None if draft.q is None else upload(draft.q, target.device)
+    # a tree of one branch is verified as the chain it is: no mask, the same decision
+    chain = draft.parents is None or draft.parents == list(range(-1, len(draft) - 1))
+    tree = None if chain else TreeInput([-1] + [parent + 1 for parent in draft.parents])
+    logits = target.forward(torch.cat([upload([last], target.device), x]), keep=len(draft) + 1, tree=tree)
+    p, failed = warp(logits, cfg.temperature, cfg.top_k, cfg.top_p)
+    d = judge(x, q, p, gen, draft.size) if tree is None else decide_tree(x, draft.parents, q, p, gen)
+    failed = failed if draft.failed is None else failed | draft.failed.to(failed.device)
+    return read_round(x, q, p, d, failed, draft.size, logits, draft.logits, cfg), tree
+
+
+def commit(target, drafter, ids: list[int], r: Read, tree, eos_ids, n_prompt: int, max_new: int):
+    """Append the round's tokens to `ids` (cut after an EOS) and bring both caches to them: (new tokens, finish)."""
+    new = [r.drafted[i] for i in r.path] + [r.token]
+    eos_at = next((i for i, t in enumerate(new) if t in eos_ids), None)
+    if eos_at is not None:
+        new = new[: eos_at + 1]
+    root = len(ids)  # where the round's first drafted token sits in the target's cache
+    ids.extend(new)
+    n_gen = len(ids) - n_prompt
+    if tree is not None:  # keep the path's keys and values, drop the other branches'
+        target.compact(root, r.path)
+    target.crop(len(ids) - 1)
+    drafter.commit(ids)
+    target.check()
+    assert target.length == len(ids) - 1 and n_gen <= max_new
+    return new, "eos" if eos_at is not None else "length" if n_gen >= max_new else None
 
 
 @dataclass
@@ -146,57 +156,67 @@ class Read:
     path: list[int] = field(default_factory=list)  # the accepted nodes: a chain's first `accepted`, a tree's path
 
 
+class Transfer:
+    """Device values packed by name into one int64 tensor and copied to the host in one read: integers as they
+    are, floats as their float32 bits (exact, and MPS has no float64)."""
+
+    def __init__(self):
+        self.parts, self.fields = [], []
+
+    def put(self, name: str, value: torch.Tensor, floats: bool = False) -> None:
+        flat = value.reshape(-1)
+        self.parts.append(flat.float().view(torch.int32).long() if floats else flat.long())
+        self.fields.append((name, tuple(value.shape), floats))
+
+    def read(self) -> dict:
+        values = torch.cat(self.parts).tolist()  # the one device -> host transfer
+        out, at = {}, 0
+        for name, shape, floats in self.fields:
+            n = math.prod(shape)
+            part, at = values[at: at + n], at + n
+            if floats:
+                part = list(struct.unpack(f"{n}f", struct.pack(f"{n}i", *part)))
+            out[name] = part[0] if not shape else part if len(shape) == 1 else \
+                [part[i * shape[1]: (i + 1) * shape[1]] for i in range(shape[0])]
+        return out
+
+
 def read_round(x, q, p, d, failed, size, logits, draft_logits, cfg: SpecConfig) -> Read:
-    """Everything the host needs from a round, packed into one tensor and copied back in one transfer.
-
-    Token ids travel as float32, exact below 2**24. The inspector's top-n lists (cfg.record_top) are
-    computed only when asked for. Greedy distributions are one-hot, so there the lists show the models'
-    own (temperature 1) probabilities instead.
-    """
-    k, n_top = x.numel(), cfg.record_top
+    """Everything the host needs from a round, in one transfer. The inspector's top-n lists (cfg.record_top) are
+    computed only when asked for. Greedy distributions are one-hot, so there the lists show the models' own
+    (temperature 1) probabilities instead."""
+    k, n_top, tree = x.numel(), min(cfg.record_top, p.shape[-1]), isinstance(d, TreeDecision)
     rows = torch.arange(k, device=p.device)
-    q_x = q[rows, x] if q is not None else torch.ones(k, device=p.device)
-    p_token = d.dist.gather(0, d.token.view(1))[0]
-    drafted = torch.full((), float(k), device=p.device) if size is None else size.float()
-    head = torch.stack([failed.float(), d.n_accepted.float(), d.token.float(), d.rejected.float(), p_token, drafted])
-    tree = isinstance(d, TreeDecision)
-    parts = [head, x.float(), d.p_x if tree else p[rows, x], q_x, d.accept_probs, d.uniforms]
-    if tree:
-        parts.append(d.on_path.float())
-    tops = []
+    t = Transfer()
+    t.put("failed", failed)
+    t.put("accepted", d.n_accepted)
+    t.put("token", d.token)
+    t.put("rejected", d.rejected)
+    t.put("size", torch.full((), k, device=p.device) if size is None else size)
+    t.put("drafted", x)
+    t.put("on_path", d.on_path if tree else rows < d.n_accepted)
+    t.put("p_token", d.dist.gather(0, d.token.view(1))[0], floats=True)
+    t.put("p_drafted", d.p_x if tree else p[rows, x], floats=True)
+    t.put("q_drafted", q[rows, x] if q is not None else torch.ones(k, device=p.device), floats=True)
+    t.put("accept_probs", d.accept_probs, floats=True)
+    t.put("uniforms", d.uniforms, floats=True)
+    tops = {}
     if n_top:
-        shown_p = torch.softmax(logits.float(), -1) if cfg.greedy else p
-        tops.append(torch.topk(shown_p, min(n_top, p.shape[-1]), -1))
+        tops["target"] = torch.softmax(logits.float(), -1) if cfg.greedy else p
         if q is not None:
-            shown_q = torch.softmax(draft_logits.float(), -1) if cfg.greedy and draft_logits is not None else q
-            tops.append(torch.topk(shown_q.to(p.device), min(n_top, p.shape[-1]), -1))
-        tops.append(torch.topk(d.dist[None], min(n_top, p.shape[-1]), -1))
-        parts += [t for top in tops for t in (top.indices.float().flatten(), top.values.flatten())]
-    flat = torch.cat(parts).tolist()  # the one device -> host transfer of the round
-    failed_, n, token, rejected, p_token, size_ = flat[:6]
-    at, cut = 6, int(size_)
-
-    def take(count):
-        nonlocal at
-        at += count
-        return flat[at - count: at]
-
-    columns = [take(k) for _ in range(5)]
-    drafted, p_x, q_x, accept, uniforms = (c[:cut] for c in columns)
-    path = [i for i, x in enumerate(take(k)) if x] if tree else list(range(int(n)))
-    tables = []
-    for top in tops:
-        n_rows, width = top.indices.shape
-        ids, vals = take(n_rows * width), take(n_rows * width)
-        tables.append([[(int(i), v) for i, v in zip(ids[r * width:(r + 1) * width], vals[r * width:(r + 1) * width])]
-                       for r in range(n_rows)])
-    read = Read(bool(failed_), int(n), int(token), bool(rejected), p_token, [int(t) for t in drafted], p_x, q_x,
-                accept, uniforms, path=path)
-    if n_top:
-        read.target_top = tables[0][: cut + 1]
-        read.draft_top = tables[1][:cut] if q is not None else []
-        read.residual_top = tables[-1][0] if read.rejected else None
-    else:
-        read.target_top = [[] for _ in range(cut + 1)]
-        read.draft_top = [[] for _ in range(cut)] if q is not None else []
+            tops["draft"] = torch.softmax(draft_logits.float(), -1) if cfg.greedy and draft_logits is not None else q
+        tops["residual"] = d.dist[None]
+    for name, dist in tops.items():
+        top = torch.topk(dist.to(p.device), n_top, -1)
+        t.put(f"{name}_ids", top.indices)
+        t.put(f"{name}_p", top.values, floats=True)
+    v = t.read()
+    cut = v["size"]
+    table = lambda name: [list(zip(i, pr)) for i, pr in zip(v[f"{name}_ids"], v[f"{name}_p"])]
+    read = Read(bool(v["failed"]), v["accepted"], v["token"], bool(v["rejected"]), v["p_token"], v["drafted"][:cut],
+                *(v[name][:cut] for name in ("p_drafted", "q_drafted", "accept_probs", "uniforms")),
+                path=[i for i, on in enumerate(v["on_path"]) if on])
+    read.target_top = table("target")[: cut + 1] if n_top else [[] for _ in range(cut + 1)]
+    read.draft_top = (table("draft")[:cut] if n_top else [[] for _ in range(cut)]) if q is not None else []
+    read.residual_top = table("residual")[0] if n_top and read.rejected else None
     return read

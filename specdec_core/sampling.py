@@ -47,14 +47,6 @@ def warp(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float 
     return probs, failed.any()
 
 
-def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """`warp`, raising at once on NaN or +inf (it reads the flag: for code off the hot path)."""
-    probs, failed = warp(logits, temperature, top_k, top_p)
-    if bool(failed):
-        raise NonFiniteLogitsError(NON_FINITE)
-    return probs
-
-
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One token id per row of [..., V] probabilities."""
     return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator).reshape(probs.shape[:-1])

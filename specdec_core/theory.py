@@ -32,10 +32,6 @@ def predicted_speedup(a: float, lengths: list[int], c: float, v: float) -> float
     return tokens / (sum(lengths) / len(lengths) * c + v)
 
 
-def best_k(a: float, c: float, v_of_k=lambda k: 1.0, k_max: int = 16) -> int:
-    return max(range(1, k_max + 1), key=lambda k: expected_speedup(a, k, c, v_of_k(k)))
-
-
 def measured_costs(ar, spec) -> tuple[float, float, float]:
     """(a, c, v) from one run's own Stats: acceptance rate, draft step / target step, verify pass / target step."""
     step = (ar.seconds - ar.prefill_s) / max(ar.tokens, 1)  # the target's one-token step

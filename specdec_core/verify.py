@@ -8,7 +8,7 @@ token is sampled from p at the position after them. The output then has exactly 
 distribution, whatever q is, provided q is the distribution x was actually sampled from.
 
 `decide` does all of it on the device, with no value read back to the host, so a GPU never waits
-for the CPU in the middle of a round; `verify` is the same decision read back as Python numbers.
+for the CPU in the middle of a round.
 
 **Trees** (`decide_tree`). A node may have several children: candidates for the same position. They
 are judged one after another, each against what the earlier ones left: recursive rejection sampling,
@@ -50,15 +50,6 @@ class Decision:
     uniforms: torch.Tensor  # [k] the uniform draws compared against accept_probs
     rejected: torch.Tensor  # () bool: a drafted token was rejected (`dist` is then the residual)
     dist: torch.Tensor  # [V] the distribution `token` was sampled from
-
-
-@dataclass
-class Verdict:
-    n_accepted: int  # length of the accepted prefix of the draft (0..k)
-    token: int  # the target's token: the residual sample at the first rejection, or the bonus token
-    accept_probs: torch.Tensor  # [k] min(1, p(x_i) / q(x_i)) for every drafted token
-    uniforms: torch.Tensor  # [k] the uniform draws compared against accept_probs
-    residual: torch.Tensor | None  # [V] the distribution `token` was sampled from after a rejection, else None
 
 
 def point_mass(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -113,13 +104,6 @@ def decide(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
     dist = torch.where(rejected, residual_distribution(p_n, q_n), p_n)
     token = torch.multinomial(dist, 1, generator=generator)[0]
     return Decision(n, token, accept, uniforms, rejected, dist)
-
-
-def verify(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
-           generator: torch.Generator | None = None) -> Verdict:
-    """`decide`, read back: the accepted length and the token as ints, the residual when there was one."""
-    d = decide(draft_tokens, q, p, generator)
-    return Verdict(int(d.n_accepted), int(d.token), d.accept_probs, d.uniforms, d.dist if bool(d.rejected) else None)
 
 
 @dataclass

@@ -15,7 +15,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from specdec_core import SpecConfig, drafters, make_drafter, speculative_generate, verify
 from specdec_core.drafters import HybridDrafter, ModelDrafter
 from specdec_core.models import Pair
-from specdec_core.sampling import logits_to_probs
+from specdec_core.sampling import warp
 from specdec_core.theory import PassCosts
 
 from .conftest import FLAT_COSTS, mutate
@@ -62,8 +62,7 @@ def sample_counts(pair, cfg, drafter):
 
 
 def p_value(pair, cfg, drafter="model"):
-    warp = lambda logits: logits_to_probs(logits, cfg["temperature"], cfg.get("top_k", 0), cfg.get("top_p", 1.0))
-    exact = exact_distribution(pair, warp)
+    exact = exact_distribution(pair, lambda logits: warp(logits, cfg["temperature"], cfg.get("top_k", 0), cfg.get("top_p", 1.0))[0])
     counts = sample_counts(pair, cfg, drafter)
     assert set(counts) <= {s for s, p in exact.items() if p > 0}
     seqs = sorted(exact, key=exact.get, reverse=True)

@@ -8,7 +8,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from specdec_core import SpecConfig, generate, load_pair
-from specdec_core.config import DEFAULT_MIN_CONFIDENCE
 
 from .apprun import OUTPUT, AppProcess
 
@@ -77,7 +76,7 @@ def test_unusual_prompts_work(app, engine_pair, prompt):
 
 def test_concurrent_clients_get_their_own_answers(app, engine_pair):
     prompts = [f"client {i}: say something" for i in range(8)]
-    cfg = lambda i: SpecConfig(k=2, max_new_tokens=20, temperature=1.0, seed=i, min_confidence=DEFAULT_MIN_CONFIDENCE)
+    cfg = lambda i: SpecConfig(k=2, max_new_tokens=20, temperature=1.0, seed=i, min_confidence=SpecConfig().min_confidence)
     expected = [generate(engine_pair, p, cfg(i)).token_ids for i, p in enumerate(prompts)]
 
     def ask(i):

@@ -125,10 +125,10 @@ def test_hybrid_copies_when_it_can_and_drafts_otherwise(tiny):
     hybrid = make_drafter(tiny, "hybrid")
     ids = [5, 6, 7, 8, 9, 10, 11, 12, 40, 5, 6, 7]  # the last 3-gram occurred before, followed by 8 9 10 11
     hybrid.start(ids)
-    copied = hybrid.propose(ids, 4, SpecConfig(), None)
+    copied = hybrid.propose(ids, 4, SpecConfig(min_confidence=0.0), None)
     assert copied.tokens.tolist() == [8, 9, 10, 11] and copied.q is None
     assert hybrid.model.lm.length == len(ids) - 1  # the draft model did not run
-    drafted = hybrid.propose(ids + [99, 98], 4, SpecConfig(), None)  # no earlier 3-gram: the model drafts
+    drafted = hybrid.propose(ids + [99, 98], 4, SpecConfig(min_confidence=0.0), None)  # no earlier 3-gram: the model drafts
     # it caught up on the 3 tokens it had not seen, then fed its own first 3 drafts
     assert len(drafted) == 4 and drafted.q is not None and hybrid.model.lm.length == len(ids) + 2 + 3
 

@@ -1,9 +1,18 @@
 """Exact checks of the accept/reject step on hand-built distributions (p = target, q = draft)."""
+from types import SimpleNamespace
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec_core.verify import accept_probabilities, residual_distribution, verify
+from specdec_core.verify import accept_probabilities, decide, residual_distribution
+
+
+def verify(draft_tokens, q, p, generator):
+    """`decide`, read back: the accepted length and the token as ints, the residual when there was one."""
+    d = decide(draft_tokens, q, p, generator)
+    return SimpleNamespace(n_accepted=int(d.n_accepted), token=int(d.token), accept_probs=d.accept_probs,
+                           uniforms=d.uniforms, residual=d.dist if bool(d.rejected) else None)
 
 
 def one_hot(i, v=4):

@@ -1,7 +1,7 @@
 """Benchmark: plain vs speculative decoding (and transformers' assisted generation) on a prompt set.
 
-python -m specdec_core.bench --pair bundled --prompts assets/prompts.jsonl --max-new-tokens 128 --k 16 \
-    --min-confidence 0.35 --json out.json [--compare-hf] [--dtype auto] [--device auto] [--drafter model]
+python -m specdec_core.bench --pair bundled --json out.json [--compare-hf] [--peer llama.cpp] [--repeats 2]
+    [--k 16] [--min-confidence 0.35] [--max-new-tokens 128] ... (SpecConfig's defaults) [--drafter model]
 
 Speeds are compared as ratios measured in the same run, after a warm-up.
 """
@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 
 from .. import SpecConfig, generate, load_pair, make_drafter
-from ..config import DEFAULT_K, DEFAULT_MIN_CONFIDENCE
 from ..engine import prepare
 from ..models import first_divergence
 from ..models.quant import QUANT_MODES
@@ -29,6 +28,7 @@ from ..theory import measured_costs
 from ..timing import Clock, pass_ms, passes_ms
 from ..theory import predicted_speedup as predict
 
+FLAGS = ("k", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "adaptive", "min_confidence")
 STAT_KEYS = ("tokens", "seconds", "tokens_per_s")
 OWN_KEYS = STAT_KEYS + ("prefill_s", "decode_tokens_per_s")
 SPEC_KEYS = OWN_KEYS + ("acceptance_rate", "accepted_fraction", "mean_accepted_length", "tokens_per_round",
@@ -273,13 +273,13 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m specdec_core.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--pair", default="bundled", help="bundled | tiny | TARGET_ID,DRAFT_ID")
     ap.add_argument("--prompts", default=str(Path(__file__).resolve().parents[2] / "assets" / "prompts.jsonl"))
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--k", type=int, default=DEFAULT_K, help="the longest draft")
-    ap.add_argument("--temperature", type=float, default=0.0)
+    for name, kind, default, help in SpecConfig.options(FLAGS):  # defaults and meanings as SpecConfig says them
+        flag = "--" + name.replace("_", "-")
+        if kind is bool:
+            ap.add_argument(flag, action="store_true", help=help)
+        else:
+            ap.add_argument(flag, type=kind, default=default, help=f"{help} (default {default})")
     ap.add_argument("--drafter", default="model", choices=["model", "hybrid", "prompt-lookup", "early-exit"])
-    ap.add_argument("--adaptive", action="store_true", help="grow/shrink K per round")
-    ap.add_argument("--min-confidence", type=float, default=DEFAULT_MIN_CONFIDENCE,
-                    help="cut a draft where the product of its top probabilities falls below this (0: always K)")
     ap.add_argument("--json", default="bench.json")
     ap.add_argument("--png", default=None, help="speedup chart (default: next to the JSON)")
     ap.add_argument("--compare-hf", action="store_true")
@@ -303,8 +303,7 @@ def main(argv=None) -> dict:
     target, _, draft = args.pair.partition(",")
     if args.peer != "none" and args.pair != "bundled":
         raise SystemExit("--peer llama.cpp decodes the bundled target's GGUF: use it with --pair bundled")
-    cfg = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature, adaptive=args.adaptive,
-                     min_confidence=args.min_confidence)
+    cfg = SpecConfig(**{name: getattr(args, name) for name in FLAGS})
     items = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     items = items[: args.limit] if args.limit else items
     trees = [int(n) for n in args.tree.split(",")]

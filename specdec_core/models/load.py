@@ -13,14 +13,13 @@ from .pair import Pair, Progress, check_tokenizers, make_pair, pick_device, pick
 
 def load_pair(target: str = "bundled", draft: str | None = None, device: str = "auto", dtype: str = "auto",
               progress: Progress | None = None, cache_dir: str | os.PathLike | None = None,
-              draft_quant: bool | str = "auto", pack: bool | str = "auto", quant_mode: str = "int4",
+              draft_quant: bool | str = "auto", quant_mode: str = "int4",
               target_quant: str = "auto", graphs: str = "auto", max_len: int = 4096) -> Pair:
     """"bundled" (offline default), "tiny" (random, for tests), or a target and draft hub id / local dir.
 
     "auto" (docs/benchmarks.md has the measurements):
     draft_quant: a quantised draft on CPUs (quant_mode: see quant.cheapen_draft). It changes the
     draft's speed and guesses, never the output.
-    pack: on CPUs in bfloat16, every remaining Linear weight prepacked for oneDNN (same numbers, faster).
     target_quant: "int8" (the default on CPUs, "auto", but for the tiny test pair): int8 weights and per-token int8
     activations, attention row by row, float32 elsewhere (quant.quantise_target). A position's logits are then the
     same, bit for bit, in a one-token step and in any verification pass, so greedy speculative output is plain
@@ -46,7 +45,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
         progress(1.0, "tiny pair ready")
         pair = make_pair("tiny", t.to(dev, dt), d.to(dev, dt), tok, dev, dt,
                          {"target": "tiny-target", "draft": "tiny-draft (perturbed copy)"})
-        draft_quant = pack = False
+        draft_quant = False
     elif target == "bundled":
         from .bundled import MANIFEST, load_bundled
         pair, folders = load_bundled(dev, dt, progress, cache_dir)
@@ -68,7 +67,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
             raise ValueError("target_quant='int8' runs on CPUs only.")
         quantise_target(pair.target, *saved("target", "target-int8.safetensors"))
         pair.info["target_weights"] = "int8, exact: the same logits in a step and in a pass"
-    if pack is True or (pack == "auto" and cpu_bf16):
+    if cpu_bf16 and target != "tiny":  # every remaining Linear weight prepacked for oneDNN (same numbers, faster)
         for role in ("target", "draft"):
             model = getattr(pair, role)
             if model is not None and can_pack(model):
@@ -118,7 +117,7 @@ def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | N
         raise ValueError("Compiled steps would replace the exact int8 target's row-by-row attention, and its output "
                          "would no longer be exactly plain decoding's: run it with graphs='off'.")
 
-    # a default round scores up to DEFAULT_K + 1 tokens (padded to 32); a draft step feeds one or two
+    # a default round scores up to SpecConfig().k + 1 tokens (padded to 32); a draft step feeds one or two
     for role, model, sizes in (("target", pair.target, STEP_SIZES), ("draft", pair.draft, STEP_SIZES[:2])):
         if model is None:
             continue

@@ -14,6 +14,7 @@ from specdec_core import SpecConfig, autoregressive_generate, make_drafter, spec
 from specdec_core.engine import prepare
 from specdec_core.events import RoundEvent, Stats
 from specdec_core.models import first_divergence
+from specdec_core.race import interleave
 from specdec_core.text import Detokenizer, token_text
 
 
@@ -49,6 +50,7 @@ class Race:
     labels: dict[int, str] = field(default_factory=dict)  # token id -> its text on its own (inspector, traces)
     meta: dict = field(default_factory=dict)  # pair, device, dtype, drafter, prompt
     compare: object = None  # (plain ids, speculative ids) -> models.first_divergence's dict; None for a trace
+    order: Iterator[tuple[str, RoundEvent]] | None = None  # the lanes' events in race order (race.interleave)
     _parted: tuple | None = None
 
     def label(self, token: int) -> str:
@@ -85,16 +87,17 @@ def start_race(pair, prompt: str, cfg: SpecConfig, drafter: str = "model", plain
     lane.done = not plain
     meta = {"pair": pair.name, "target": pair.info.get("target"), "draft": pair.info.get("draft"), "drafter": drafter,
             "device": str(pair.device), "dtype": str(pair.dtype).replace("torch.", ""), "prompt": prompt}
-    return Race(lane, spec, cfg, pair.tokenizer, meta=meta, compare=lambda a, b: first_divergence(pair, ids, a, b))
+    order = interleave({one.name: one.stream for one in (lane, spec) if not one.done})
+    return Race(lane, spec, cfg, pair.tokenizer, meta=meta, compare=lambda a, b: first_divergence(pair, ids, a, b),
+                order=order)
 
 
 def step(race: Race) -> Lane | None:
     """Advance the decoder that is behind on the shared clock by one event; None when both are done."""
-    lanes = [lane for lane in (race.plain, race.spec) if not lane.done]
-    if not lanes:
+    name, event = next(race.order, (None, None)) if race.order is not None else (None, None)
+    if event is None:
         return None
-    lane = min(lanes, key=lambda candidate: candidate.clock)
-    event = next(lane.stream)
+    lane = race.plain if name == race.plain.name else race.spec
     lane.events.append(event)
     lane.texts.extend(lane.detok.add(token) for token in event.committed)
     if event.finished:

@@ -180,3 +180,13 @@ def test_low_draft_confidence_stops_the_draft_early_and_stays_lossless(tiny, on_
         sure = [math.prod(top[0][1] for top in e.draft_top[: i + 1]) for i in range(len(e.drafted))]
         assert all(s >= 0.5 for s in sure[:-1])
         assert len(e.drafted) == e.k or sure[-1] < 0.5
+
+
+def test_the_race_runs_the_decoder_behind_on_its_own_clock_next():
+    from types import SimpleNamespace
+
+    from specdec_core.race import interleave
+
+    clock = lambda *times: iter(SimpleNamespace(elapsed_s=t) for t in times)
+    order = [(name, e.elapsed_s) for name, e in interleave({"plain": clock(1.0, 2.0, 3.0), "spec": clock(2.5, 2.6)})]
+    assert order == [("plain", 1.0), ("spec", 2.5), ("plain", 2.0), ("plain", 3.0), ("spec", 2.6)]

@@ -41,6 +41,7 @@ from ..models import enable_graphs, make_pair, pick_device
 from ..models.attention import GROUPED
 
 from ..models.tiny import tiny_models, tiny_tokenizer
+from ..race import interleave
 from ..theory import expected_speedup
 from ..timing import pass_ms, passes_ms
 from ..verify import Decision, accepted_prefix
@@ -93,13 +94,8 @@ def race_rates(pair, prompt, cfg, judge) -> dict:
     """The app's race: both decoders take turns on one target, the one behind on its own clock next."""
     streams = {"plain": autoregressive_generate(pair, prompt, cfg), "spec": speculative_generate(pair, prompt, cfg, judge=judge)}
     events = {name: [] for name in streams}
-    while streams:
-        name = min(streams, key=lambda n: events[n][-1].elapsed_s if events[n] else 0.0)
-        event = next(streams[name], None)
-        if event is None:
-            del streams[name]
-        else:
-            events[name].append(event)
+    for name, event in interleave(streams):
+        events[name].append(event)
     return {name: summarize(e).decode_tokens_per_s for name, e in events.items()}
 
 

@@ -13,7 +13,7 @@ from specdec_core.sampling import NonFiniteLogitsError
 from . import plots
 from .i18n import t
 from .limits import visitor_of
-from .race import Race, run, start_race, step
+from .race import Race, advance, run, start_race
 from .render import message_html, pane_html, pieces
 from .settings import Ask, ask
 from .tree import tree_html
@@ -93,7 +93,7 @@ def race_stream(manager, limits, prompt, settings: dict, request: gr.Request = N
 def _drive(race: Race, lang: str):
     last_ui = last_plots = 0.0
     try:
-        while step(race):
+        while advance(race):
             now = time.monotonic()
             if now - last_ui >= UI_EVERY_S:
                 plots_due = now - last_plots >= PLOTS_EVERY_S

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from specdec_core import SpecConfig, autoregressive_generate, make_drafter, speculative_generate, summarize
-from specdec_core.engine import prepare
+from specdec_core.engine import encode_request
 from specdec_core.events import RoundEvent, Stats
 from specdec_core.models import first_divergence
 from specdec_core.race import interleave
@@ -80,7 +80,7 @@ class Race:
 
 def start_race(pair, prompt: str, cfg: SpecConfig, drafter: str = "model", plain: bool = True) -> Race:
     """Validate everything up front (raising ValueError with a message) before any compute starts."""
-    ids = prepare(pair, prompt, cfg)
+    ids = encode_request(pair, prompt, cfg)
     spec = Lane("speculative", speculative_generate(pair, ids, cfg, make_drafter(pair, drafter, cfg)),
                 Detokenizer(pair.tokenizer, skip_special_tokens=True))
     lane = Lane("plain", autoregressive_generate(pair, ids, cfg), Detokenizer(pair.tokenizer, skip_special_tokens=True))
@@ -92,7 +92,7 @@ def start_race(pair, prompt: str, cfg: SpecConfig, drafter: str = "model", plain
                 order=order)
 
 
-def step(race: Race) -> Lane | None:
+def advance(race: Race) -> Lane | None:
     """Advance the decoder that is behind on the shared clock by one event; None when both are done."""
     name, event = next(race.order, (None, None)) if race.order is not None else (None, None)
     if event is None:
@@ -107,6 +107,6 @@ def step(race: Race) -> Lane | None:
 
 
 def run(race: Race) -> Race:
-    while step(race):
+    while advance(race):
         pass
     return race

@@ -13,7 +13,7 @@ from . import plots
 from .handlers import empty_view, view
 from .i18n import code, t
 from .inspector import decision_figure, decision_text, sweep_figure, theory_figure, tree_theory_figure, where_text
-from .race import run, start_race, step
+from .race import advance, run, start_race
 from .render import message_html
 from .settings import ask
 from .trace import from_trace, replay_step, to_trace
@@ -69,7 +69,7 @@ def step_round(manager, race, prompt, settings: dict):
                 raise ValueError("No model is loaded yet.")
             race = start_race(pair, prompt, wanted.cfg, wanted.drafter)
         before = len(race.spec.events)
-        while len(race.spec.events) == before and step(race):
+        while len(race.spec.events) == before and advance(race):
             pass
     except ValueError as err:
         return empty_view(str(err))

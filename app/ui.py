@@ -96,7 +96,8 @@ def build_controls(tx: Texts):
                                placeholder=t("prompt_hint")), label="prompt", placeholder="prompt_hint")
         with gr.Column(scale=2, min_width=320):
             k = tx(gr.Slider(1, MAX_K, value=DEFAULTS.k, step=1, label=t("k"), elem_id="k"), label="k")
-            max_new = tx(gr.Slider(1, MAX_NEW_TOKENS, value=DEFAULTS.max_new_tokens, step=1, label=t("max_new"), elem_id="max-new"),
+            max_new = tx(gr.Slider(1, MAX_NEW_TOKENS, value=DEFAULTS.max_new_tokens, step=1, label=t("max_new"),
+                                   elem_id="max-new"),
                          label="max_new")
             temperature = tx(gr.Slider(0, MAX_TEMPERATURE, value=DEFAULTS.temperature, step=0.05, label=t("temperature")),
                              label="temperature")
@@ -204,12 +205,12 @@ def wire_teaching(panel, manager, state, controls, prompt, outputs, runs):
     def sweep(data):
         yield from teach.sweep(manager, data[prompt], controls.read(data), data[panel["temps"]])
 
-    def step(data):
+    def one_round(data):
         return teach.step_round(manager, data[state], data[prompt], controls.read(data))
 
     panel["sweep"].click(sweep, controls.inputs(prompt, panel["temps"]), [panel["sweep_note"], panel["theory_plot"]],
                          concurrency_id="gpu", **private)
-    panel["step"].click(step, controls.inputs(state, prompt), outputs, concurrency_id="gpu", **private)
+    panel["step"].click(one_round, controls.inputs(state, prompt), outputs, concurrency_id="gpu", **private)
     panel["export"].click(teach.export, state, panel["trace_out"], **private)
     panel["replay"].click(teach.replay, [panel["trace_in"], panel["speed"], lang], outputs, **private)
 

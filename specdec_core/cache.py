@@ -11,7 +11,7 @@ from transformers import DynamicCache, StaticCache
 from .events import tree_depths
 from .transfer import upload
 
-STEP_SIZES = (1, 2, 4, 8, 16, 32)  # compiled step shapes: a short input is padded up to the next one
+PADDED_SIZES = (1, 2, 4, 8, 16, 32)  # compiled input sizes: a short input is padded up to the next one
 
 
 class SharedHead:
@@ -22,12 +22,12 @@ class SharedHead:
         self.ids, self.model, self.cache = list(ids), model, None
 
 
-class StaticSteps:
+class CompiledForward:
     """Fixed-size caches and a compiled forward for short inputs, for GPUs.
 
     A decoding step of a small model is hundreds of tiny kernel launches; compiled with CUDA graphs
     it is one replay. Graphs need fixed shapes and fixed addresses, so the caches are preallocated
-    (`max_len` positions), kept in a pool and reused, and inputs are padded to a STEP_SIZES size.
+    (`max_len` positions), kept in a pool and reused, and inputs are padded to a PADDED_SIZES size.
     Padding is harmless: its keys sit past the committed length, where no query looks (causal
     mask), and the next step overwrites them. Prompts (prefill) run uncompiled.
     """
@@ -36,7 +36,7 @@ class StaticSteps:
         self.model, self.max_len = model, max_len
         self.free: list[StaticCache] = []
         kw = {"mode": "reduce-overhead"} if backend == "inductor" else {}
-        self.step = torch.compile(model.forward, backend=backend, dynamic=False, **kw)
+        self.compiled = torch.compile(model.forward, backend=backend, dynamic=False, **kw)
         # one compiled entry per (model, padded size, cache); the default limit of 8 is soon reached
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
@@ -93,7 +93,7 @@ class CachedModel:
     `static`: the model's compiled steps (a pooled static cache is used); `head`: the prompt head it shares.
     """
 
-    def __init__(self, model, vocab: int, static: StaticSteps | None = None, head: SharedHead | None = None):
+    def __init__(self, model, vocab: int, static: CompiledForward | None = None, head: SharedHead | None = None):
         self.model, self.vocab = model, vocab
         self.device = model.get_input_embeddings().weight.device
         self.static = static
@@ -111,13 +111,13 @@ class CachedModel:
         self.length = 0
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, keep: int, step: bool = True, tree: TreeInput | None = None) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, keep: int, prompt: bool = False, tree: TreeInput | None = None) -> torch.Tensor:
         """Append `ids` to the cache; return the logits of the last `keep` positions, [keep, vocab].
-        `step`: a decoding step (compiled, when the model has StaticSteps), not a prompt.
+        `prompt`: a prompt's tokens (run uncompiled), not a decoding step (compiled, when the model has CompiledForward).
         `tree`: the tokens are nodes of a token tree (positions and visibility from it), not a sequence."""
         n = ids.numel()
         ids = ids.view(1, -1).to(self.device)
-        if self.static and self.length + n + STEP_SIZES[-1] > self.static.max_len:
+        if self.static and self.length + n + PADDED_SIZES[-1] > self.static.max_len:
             raise ValueError(f"The sequence would exceed the static cache of {self.static.max_len} positions.")
         logits = None
         if tree is not None:
@@ -125,8 +125,8 @@ class CachedModel:
                              **tree.model_inputs(self.length, self.model.config._attn_implementation, self.device,
                                                  self.static.max_len if self.static else None))
             logits = out.logits[0]
-        elif self.static and self.static.step and step and n <= STEP_SIZES[-1]:
-            logits = self._compiled_step(ids, keep)
+        elif self.static and self.static.compiled and not prompt and n <= PADDED_SIZES[-1]:
+            logits = self._compiled_forward(ids, keep)
         if logits is None:
             out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
             logits = out.logits[0]
@@ -134,16 +134,16 @@ class CachedModel:
         # rows past the shared tokenizer range (vocab padding) are never sampled
         return logits[:, : self.vocab]
 
-    def _compiled_step(self, ids: torch.Tensor, keep: int) -> torch.Tensor | None:
+    def _compiled_forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor | None:
         n = ids.shape[1]
-        size = next(s for s in STEP_SIZES if s >= n)
+        size = next(s for s in PADDED_SIZES if s >= n)
         padded = torch.cat([ids, ids.new_zeros(1, size - n)], 1)
         try:
             torch.compiler.cudagraph_mark_step_begin()
-            out = self.static.step(input_ids=padded, past_key_values=self.cache, use_cache=True)
+            out = self.static.compiled(input_ids=padded, past_key_values=self.cache, use_cache=True)
         except Exception as err:  # a compiler that fails here must not end the run: go on uncompiled
             warnings.warn(f"compiled decoding step failed, running uncompiled from now on: {err!r:.300}")
-            self.static.step = None
+            self.static.compiled = None
             self.static.set_length(self.cache, self.length)
             return None
         self.static.set_length(self.cache, self.length + n)  # the padding does not count
@@ -154,13 +154,13 @@ class CachedModel:
         if head and self.length == 0 and ids[: len(head.ids)] == head.ids:
             # the head's keys and values do not depend on what follows it: computed once, then copied
             if head.cache is None:
-                self.forward(upload(head.ids, self.device), keep=1, step=False)
+                self.forward(upload(head.ids, self.device), keep=1, prompt=True)
                 head.cache = copy.deepcopy(self.cache)
             else:
                 self.cache, self.length = copy.deepcopy(head.cache), len(head.ids)
             ids = ids[len(head.ids):]
         if ids:
-            self.forward(upload(ids, self.device), keep=1, step=False)
+            self.forward(upload(ids, self.device), keep=1, prompt=True)
 
     @torch.inference_mode()
     def compact(self, start: int, kept: list[int]) -> None:

@@ -24,7 +24,8 @@ from .transfer import upload
 from .verify import TreeDecision, decide, decide_tree
 
 
-def prepare(pair, prompt: str | list[int], cfg: SpecConfig) -> list[int]:
+def encode_request(pair, prompt: str | list[int], cfg: SpecConfig) -> list[int]:
+    """The prompt's token ids, checked against the limits and the model's context (ValueError with a message)."""
     if isinstance(prompt, str) and len(prompt) > MAX_PROMPT_CHARS:
         raise ValueError(f"The prompt is {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}.")
     ids = encode_prompt(pair.tokenizer, prompt, cfg.chat) if isinstance(prompt, str) else list(prompt)
@@ -40,16 +41,16 @@ def speculative_generate(pair, prompt, cfg: SpecConfig, drafter=None, judge=deci
     """One event per round: draft k tokens, verify them in one target pass, commit a prefix + 1.
     `judge`: the accept/reject rule (verify.decide; the GPU bench swaps in a simulated one)."""
     drafter = drafter or make_drafter(pair, "model", cfg)
-    return decode(pair, prepare(pair, prompt, cfg), cfg, drafter, "speculative", judge)
+    return decode(pair, encode_request(pair, prompt, cfg), cfg, drafter, "speculative", judge)
 
 
 def autoregressive_generate(pair, prompt, cfg: SpecConfig) -> Iterator[RoundEvent]:
     """One event per token: the target alone, through the same loop."""
-    return decode(pair, prepare(pair, prompt, cfg), cfg, NoDrafter(), "autoregressive")
+    return decode(pair, encode_request(pair, prompt, cfg), cfg, NoDrafter(), "autoregressive")
 
 
 def generate(pair, prompt, cfg: SpecConfig, method: str = "speculative", drafter=None) -> Result:
-    prompt_ids = prepare(pair, prompt, cfg)
+    prompt_ids = encode_request(pair, prompt, cfg)
     if method == "speculative":
         stream = speculative_generate(pair, prompt_ids, cfg, drafter)
     elif method == "autoregressive":

@@ -1,3 +1,3 @@
-from .cpu import main
+from .prompts import main
 
 main()

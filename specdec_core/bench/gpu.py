@@ -101,7 +101,7 @@ def race_rates(pair, prompt, cfg, judge) -> dict:
 
 def measure(pair, args, graphs: str, attention: str, accepts: dict[str, float], race_at: str,
             tree: dict | None = None) -> dict:
-    pair.steps.clear()
+    pair.compiled.clear()
     for model in (pair.target, pair.draft):
         model.set_attn_implementation(GROUPED if attention == "grouped" else "sdpa")
     t0 = time.perf_counter()

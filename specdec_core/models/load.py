@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from ..cache import STEP_SIZES, StaticSteps
+from ..cache import PADDED_SIZES, CompiledForward
 from .attention import GROUPED, ROWS
 from .pair import Pair, Progress, check_tokenizers, make_pair, pick_device, pick_dtype
 
@@ -26,7 +26,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     decoding's on every prompt. Both decoders share it; it is another target than the weights as loaded. "off":
     the weights as loaded (bfloat16 on most CPUs: faster to verify, but near-ties can part the two outputs).
     graphs: on CUDA, decoding steps compiled with CUDA graphs ("inductor"; also "cudagraphs", "off") over
-    static caches of `max_len` positions (cache.StaticSteps); the context is capped to fit them.
+    static caches of `max_len` positions (cache.CompiledForward); the context is capped to fit them.
     """
     progress = progress or (lambda f, m: None)
     dev = pick_device(device)
@@ -118,18 +118,18 @@ def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | N
                          "would no longer be exactly plain decoding's: run it with graphs='off'.")
 
     # a default round scores up to SpecConfig().k + 1 tokens (padded to 32); a draft step feeds one or two
-    for role, model, sizes in (("target", pair.target, STEP_SIZES), ("draft", pair.draft, STEP_SIZES[:2])):
+    for role, model, sizes in (("target", pair.target, PADDED_SIZES), ("draft", pair.draft, PADDED_SIZES[:2])):
         if model is None:
             continue
         model.set_attn_implementation(GROUPED if attention == "grouped" else "sdpa")
-        pair.steps[role] = StaticSteps(model, max_len, backend)
+        pair.compiled[role] = CompiledForward(model, max_len, backend)
         lm = pair.cached(role)
         lm.prefill([0] * 8)
         for n in sizes:
             progress(0.95, f"compiling decoding steps ({backend}): {n} token(s)")
             lm.forward(torch.zeros(n, dtype=torch.long, device=lm.device), keep=1)
             lm.crop(8)
-    pair.context_length = min(pair.context_length, max_len - STEP_SIZES[-1])
+    pair.context_length = min(pair.context_length, max_len - PADDED_SIZES[-1])
     pair.info["graphs"] = f"compiled steps ({backend}), static caches of {max_len} positions"
 
 

@@ -8,7 +8,7 @@ from typing import Callable
 
 import torch
 
-from ..cache import CachedModel, SharedHead, StaticSteps
+from ..cache import CachedModel, SharedHead, CompiledForward
 from ..text import template_head
 from ..theory import PassCosts
 
@@ -27,15 +27,15 @@ class Pair:
     device: torch.device
     dtype: torch.dtype
     info: dict = field(default_factory=dict)  # shown to people: model names, parameter counts, kernels, load time
-    steps: dict[str, StaticSteps] = field(default_factory=dict)  # "target" / "draft" -> compiled GPU steps
+    compiled: dict[str, CompiledForward] = field(default_factory=dict)  # "target" / "draft" -> its compiled forward
     heads: dict[str, SharedHead] = field(default_factory=dict)  # "target" / "draft" -> the chat head's keys and values
     pass_costs: PassCosts | None = None  # what sizes token trees here: timed on first use (timing.tree_costs)
 
     def cached(self, role: str) -> CachedModel:
         """A fresh cache over the target or the draft, with that model's compiled steps and shared head
         (not another model's: dataclasses.replace may have swapped the model and kept the dicts)."""
-        model, steps, head = getattr(self, role), self.steps.get(role), self.heads.get(role)
-        return CachedModel(model, self.vocab, steps if steps and steps.model is model else None,
+        model, compiled, head = getattr(self, role), self.compiled.get(role), self.heads.get(role)
+        return CachedModel(model, self.vocab, compiled if compiled and compiled.model is model else None,
                            head if head and head.model is model else None)
 
 

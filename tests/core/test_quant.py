@@ -22,7 +22,7 @@ from specdec_core.models.quant import (
     replace_linears,
 )
 
-from .conftest import with_eos
+from ..conftest import with_eos
 
 
 def test_int8_linear_is_close_to_the_original():
@@ -205,4 +205,4 @@ def test_compiled_steps_refuse_to_replace_the_exact_targets_attention():
     with pytest.raises(ValueError, match="exact"):
         load_pair("tiny", target_quant="int8", graphs="inductor")
     pair = load_pair("tiny", target_quant="int8")  # no compiled steps: the exact target as it is
-    assert pair.target.config._attn_implementation == "specdec_rows" and not pair.steps
+    assert pair.target.config._attn_implementation == "specdec_rows" and not pair.compiled

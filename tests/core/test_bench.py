@@ -4,11 +4,11 @@ import json
 import pytest
 
 from specdec_core import SpecConfig
-from specdec_core.bench import cpu as bench
+from specdec_core.bench import prompts as bench
 from specdec_core.bench import gpu as gpu_bench
-from specdec_core.engine import prepare
+from specdec_core.engine import encode_request
 
-from .conftest import with_eos
+from ..conftest import with_eos
 
 
 def test_bench_writes_json_and_table(tmp_path, capsys):
@@ -73,7 +73,7 @@ def test_bench_compares_chains_and_trees_in_one_run(tmp_path, capsys):
 
 def test_transformers_constant_k_really_drafts_k_tokens(tiny):
     pair, cfg = with_eos(tiny, []), SpecConfig(max_new_tokens=20)
-    ids = prepare(pair, "hello there", cfg)
+    ids = encode_request(pair, "hello there", cfg)
     before = pair.draft.generation_config.to_dict()
     scored, forward = [], pair.target.forward
     pair.target.forward = lambda *a, **kw: scored.append(kw["input_ids"].shape[1]) or forward(*a, **kw)

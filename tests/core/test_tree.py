@@ -8,13 +8,13 @@ from scipy.stats import chisquare
 from specdec_core import SpecConfig, generate, speculative_generate, theory
 from specdec_core.cache import TreeInput
 from specdec_core.drafters import ModelDrafter, without
-from specdec_core.engine import prepare
+from specdec_core.engine import encode_request
 from specdec_core.events import tree_depths
 from specdec_core.timing import TREE_PASS_SIZES, tree_costs
 from specdec_core.theory import PassCosts, tree_size
 from specdec_core.verify import decide, decide_tree
 
-from .conftest import mutate, with_eos
+from ..conftest import mutate, with_eos
 
 PROMPT = "def fib(n):"
 
@@ -183,11 +183,11 @@ def test_the_draft_keeps_every_accepted_node_it_fed(tiny_set):
     all but the last, so after each round its cache holds all of the sequence but the last two tokens."""
     pair = with_eos(tiny_set["same"], [])
     cfg = SpecConfig(k=6, max_new_tokens=60, tree_nodes=12)
-    drafter, n_prompt = ModelDrafter(pair.cached("draft")), len(prepare(pair, PROMPT, cfg))
+    drafter, n_prompt = ModelDrafter(pair.cached("draft")), len(encode_request(pair, PROMPT, cfg))
     forward, fed = drafter.lm.forward, []
 
     def counting(ids, *args, **kwargs):
-        if kwargs.get("step", True) and kwargs.get("tree") is None:  # a round's catch-up, not the prompt or a level
+        if not kwargs.get("prompt") and kwargs.get("tree") is None:  # a round's catch-up, not the prompt or a level
             fed.append(ids.numel())
         return forward(ids, *args, **kwargs)
 

@@ -8,7 +8,7 @@ from specdec_core import SpecConfig, autoregressive_generate, generate, speculat
 from specdec_core.drafters import ModelDrafter, PromptLookupDrafter
 from specdec_core.drafters import make_drafter
 
-from .conftest import with_eos
+from ..conftest import with_eos
 
 PROMPT = "def fib(n):"
 

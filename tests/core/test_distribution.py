@@ -18,7 +18,7 @@ from specdec_core.models import Pair
 from specdec_core.sampling import warp
 from specdec_core.theory import PassCosts
 
-from .conftest import FLAT_COSTS, mutate
+from ..conftest import FLAT_COSTS, mutate
 
 pytestmark = pytest.mark.slow  # 2,000 generations a test; the exact one-token check in test_verify.py is fast
 
@@ -62,7 +62,8 @@ def sample_counts(pair, cfg, drafter):
 
 
 def p_value(pair, cfg, drafter="model"):
-    exact = exact_distribution(pair, lambda logits: warp(logits, cfg["temperature"], cfg.get("top_k", 0), cfg.get("top_p", 1.0))[0])
+    warped = lambda logits: warp(logits, cfg["temperature"], cfg.get("top_k", 0), cfg.get("top_p", 1.0))[0]
+    exact = exact_distribution(pair, warped)
     counts = sample_counts(pair, cfg, drafter)
     assert set(counts) <= {s for s, p in exact.items() if p > 0}
     seqs = sorted(exact, key=exact.get, reverse=True)

@@ -13,9 +13,9 @@ import pytest
 from app import handlers
 from app.pairs import PairManager
 
-from .conftest import with_eos
+from ..conftest import with_eos
 
-ENTRY = Path(__file__).resolve().parent.parent / "app.py"  # the entry point (beside the app package)
+ENTRY = Path(__file__).resolve().parents[2] / "app.py"  # the entry point (beside the app package)
 
 SETTINGS = dict(k=4, max_new_tokens=12, drafter="model")
 

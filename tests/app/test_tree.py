@@ -11,7 +11,7 @@ from app.tree import layout, states, tree_html
 from specdec_core import SpecConfig
 from specdec_core.events import RoundEvent
 
-from .conftest import with_eos
+from ..conftest import with_eos
 
 
 def event(parents, path, drafted=None, token_kind="replacement", **kw):

@@ -10,12 +10,12 @@ import torch
 from app.handlers import api_generate
 from app.limits import VisitorLimits
 from app.pairs import PairManager, check_model_id, judge_model_info, parse_spec
-from app.race import run, start_race, step
+from app.race import advance, run, start_race
 from specdec_core import SpecConfig, generate
 from specdec_core.models.tiny import tiny_models
 from specdec_core.sampling import NonFiniteLogitsError
 
-from .conftest import with_eos
+from ..conftest import with_eos
 
 GB = 1e9
 
@@ -78,7 +78,7 @@ def test_switching_pairs_mid_generation_does_not_disturb_the_running_one(tiny):
     cfg = SpecConfig(k=3, max_new_tokens=40)
     race = start_race(pair, "hello", cfg)
     for _ in range(5):
-        step(race)
+        advance(race)
     loader = threading.Thread(target=manager.load, args=("tiny",))
     loader.start()
     run(race)

@@ -10,7 +10,7 @@ from specdec_core.models import enable_graphs, make_pair
 from specdec_core.models.attention import GROUPED
 from specdec_core.models.tiny import tiny_models
 
-from .conftest import FLAT_COSTS
+from ..conftest import FLAT_COSTS
 
 CONFIGS = [SpecConfig(k=4, max_new_tokens=40), SpecConfig(k=16, max_new_tokens=50),
            SpecConfig(k=3, max_new_tokens=30, temperature=1.0, seed=3), SpecConfig(k=2, max_new_tokens=30, adaptive=True),
@@ -35,7 +35,7 @@ def test_static_caches_decode_the_same_tokens(fresh_pair, backend):
     before = runs(fresh_pair)
     enable_graphs(fresh_pair, backend or "eager", max_len=256)
     if backend is None:
-        fresh_pair.steps["target"].step = fresh_pair.steps["draft"].step = None
+        fresh_pair.compiled["target"].compiled = fresh_pair.compiled["draft"].compiled = None
     assert runs(fresh_pair) == before
     assert fresh_pair.context_length == 256 - 32
 
@@ -54,7 +54,7 @@ def test_interleaved_decoders_get_their_own_cache(fresh_pair):
             else:
                 ids[i].extend(event.committed)
     assert ids == alone
-    assert len(fresh_pair.steps["target"].free) == 2  # both caches back in the pool, none leaked
+    assert len(fresh_pair.compiled["target"].free) == 2  # both caches back in the pool, none leaked
 
 
 def test_a_failing_compiled_step_falls_back_without_changing_output(fresh_pair):
@@ -66,7 +66,7 @@ def test_a_failing_compiled_step_falls_back_without_changing_output(fresh_pair):
         raise RuntimeError("no compiler here")
 
     for role in ("target", "draft"):
-        fresh_pair.steps[role].step = broken
+        fresh_pair.compiled[role].compiled = broken
     with pytest.warns(UserWarning, match="uncompiled"):
         assert generate(fresh_pair, "fallback", cfg).token_ids == before
 
@@ -96,7 +96,7 @@ def test_the_chat_template_head_is_computed_once_and_copied(fresh_pair):
         hook.remove()
     assert fed == [len(head), len(ids) - 1 - len(head), len(ids) - 1 - len(head)]  # the head ran once
     whole = CachedModel(fresh_pair.target, fresh_pair.vocab)
-    whole.forward(torch.tensor(ids[:-1]), keep=1, step=False)  # no head sharing: one pass over the prompt
+    whole.forward(torch.tensor(ids[:-1]), keep=1, prompt=True)  # no head sharing: one pass over the prompt
     last = torch.tensor(ids[-1:])
     for cached in (first, second):
         assert cached.length == whole.length

@@ -8,7 +8,7 @@ from specdec_core import SpecConfig, generate, load_pair
 from specdec_core.models import bundled
 from specdec_core.models.tiny import tiny_models
 
-from .conftest import with_eos
+from ..conftest import with_eos
 
 
 @pytest.fixture(scope="module")

@@ -20,13 +20,13 @@ from pathlib import Path
 import torch
 
 from .. import SpecConfig, generate, load_pair, make_drafter
-from ..engine import prepare
+from ..engine import encode_request
 from ..models import first_divergence
 from ..models.quant import QUANT_MODES
 from ..sampling import warp
 from ..theory import measured_costs
 from ..timing import Clock, pass_ms, passes_ms
-from ..theory import predicted_speedup as predict
+from ..theory import predicted_speedup
 
 FLAGS = ("k", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "adaptive", "min_confidence")
 STAT_KEYS = ("tokens", "seconds", "tokens_per_s")
@@ -72,14 +72,14 @@ def hf_assisted(pair, prompt_ids: list[int], cfg: SpecConfig, constant_k: int = 
             "schedule": "constant" if constant_k else "default", "token_ids": out[0, ids.shape[1]:].tolist()}
 
 
-def predicted_speedup(ar, spec) -> float:
+def run_prediction(ar, spec) -> float:
     """What the cost model predicts from this run's own measurements (acceptance, step times) for
     the draft lengths it used; for trees, from the draft's own expectation of each tree and the rounds' cost."""
     a, c, v = measured_costs(ar.stats, spec.stats)
     if any(e.parents is not None for e in spec.events):  # a round costs its draft (c per node drafted) and its pass
         rounds = spec.stats.rounds
         return (1 + sum(e.expected for e in spec.events) / rounds) / (c * spec.stats.drafted / rounds + v)
-    return predict(a, [len(e.drafted) for e in spec.events], c, v)
+    return predicted_speedup(a, [len(e.drafted) for e in spec.events], c, v)
 
 
 def fastest(runs: list, seconds) -> object:
@@ -88,7 +88,7 @@ def fastest(runs: list, seconds) -> object:
 
 
 def run_prompt(pair, item, cfg, drafter_name, compare_hf, hf_k, repeats=1, peer=None) -> dict:
-    ids = prepare(pair, item["prompt"], cfg)
+    ids = encode_request(pair, item["prompt"], cfg)
     ars, specs, hfs, peers = [], [], [], []
     for _ in range(repeats):  # interleaved, so that a slow spell of the machine hits every method
         ars.append(generate(pair, ids, cfg, "autoregressive"))
@@ -104,7 +104,7 @@ def run_prompt(pair, item, cfg, drafter_name, compare_hf, hf_k, repeats=1, peer=
                       "depth_per_round": statistics.mean(e.depth for e in spec.events)},
              "speedup": spec.stats.tokens_per_s / ar.stats.tokens_per_s,
              "decode_speedup": spec.stats.decode_tokens_per_s / ar.stats.decode_tokens_per_s,
-             "predicted_speedup": predicted_speedup(ar, spec),
+             "predicted_speedup": run_prediction(ar, spec),
              "identical_to_ar": ar.token_ids == spec.token_ids,
              "seconds_of_repeats": {"ar": [r.stats.seconds for r in ars], "spec": [r.stats.seconds for r in specs]}}
     if not entry["identical_to_ar"]:
@@ -124,7 +124,7 @@ def run_prompt(pair, item, cfg, drafter_name, compare_hf, hf_k, repeats=1, peer=
     return entry
 
 
-def summarize(entries: list[dict]) -> dict:
+def summarize_prompts(entries: list[dict]) -> dict:
     med = lambda key: statistics.median(e[key] for e in entries)
     out = {"speedup_median": med("speedup"), "speedup_min": min(e["speedup"] for e in entries),
            "spec_tokens_per_s_median": statistics.median(e["spec"]["tokens_per_s"] for e in entries),
@@ -321,12 +321,12 @@ def main(argv=None) -> dict:
             generate(pair, items[0]["prompt"], warm, "autoregressive")
             generate(pair, items[0]["prompt"], warm, drafter=make_drafter(pair, args.drafter, cfgs[variant]))
             if args.compare_hf:
-                hf_assisted(pair, prepare(pair, items[0]["prompt"], warm), warm, args.hf_k)
+                hf_assisted(pair, encode_request(pair, items[0]["prompt"], warm), warm, args.hf_k)
     peer = None
     if args.peer == "llama.cpp":
         from .peer import LlamaCppPeer
         peer = LlamaCppPeer(next(iter(pairs.values())).eos_ids)
-        peer.generate(prepare(pair, items[0]["prompt"], warm), warm)  # warm-up
+        peer.generate(encode_request(pair, items[0]["prompt"], warm), warm)  # warm-up
     extra = {}  # per target: the costs by context and the draft's table, timed before the prompts run
     for variant, pair in pairs.items():
         if variant.split(",")[0] not in extra:
@@ -358,7 +358,7 @@ def main(argv=None) -> dict:
             "peer": peer and f"{peer.name} {peer.version} (plain decoding of the target's GGUF, Q4_K_M)",
             **extra[variant.split(",")[0]],
             "load_s": load_s[variant], "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "prompts": entries[variant], "summary": summarize(entries[variant])}
+            "prompts": entries[variant], "summary": summarize_prompts(entries[variant])}
     report = next(iter(reports.values())) if len(reports) == 1 else {"variants": reports}
     Path(args.json).write_text(json.dumps(report, indent=2))
     for variant, one in reports.items():

@@ -7,12 +7,12 @@ import torch
 
 from app import plots
 from app.handlers import lane_pieces
-from app.race import run, start_race, step
+from app.race import advance, run, start_race
 from app.render import Piece, legend_html, pane_html
 from specdec_core import SpecConfig, generate
 from specdec_core.text import Detokenizer, encode_prompt
 
-from .conftest import with_eos
+from ..conftest import with_eos
 
 TRICKY = ["<script>alert('x')</script>", "a & b < c > d \"q\" 'r'", "emoji 👋🏽 and 🇧🇷", "中文字符 テスト",
           "def f(x):\n    if x:\n\treturn '  spaced  '\n", "مرحبا بالعالم", "zero\u200bwidth\u0007bell"]
@@ -67,7 +67,7 @@ def test_race_interleaves_on_the_shared_clock_and_matches_the_engine(tiny):
     while True:
         before = {race.plain.name: race.plain.clock, race.spec.name: race.spec.clock}
         waiting = {lane.name for lane in (race.plain, race.spec) if not lane.done}
-        lane = step(race)
+        lane = advance(race)
         if lane is None:
             break
         moved.add(lane.name)

@@ -312,6 +312,7 @@ def main(argv=None) -> dict:
         t0 = time.perf_counter()
         pair = load_pair(target, draft or None, device=args.device, dtype=args.dtype, target_quant=quant,
                          draft_quant=False if args.draft_quant == "off" else "auto", quant_mode=args.draft_quant)
+        quant = pair.info["target_quant"]  # "auto" resolved
         for nodes in trees:
             variant = quant if len(trees) == 1 else f"{quant}, {f'tree of {nodes}' if nodes else 'chain'}"
             pairs[variant], cfgs[variant] = pair, dataclasses.replace(cfg, tree_nodes=nodes)

@@ -61,7 +61,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
         path, source = saved("draft", f"draft-{quant_mode}.safetensors")
         cheapen_draft(pair.draft, mode=quant_mode, saved=path, source=source)
         pair.info["draft_quant"] = quant_label(pair.draft, quant_mode)
-    pair.info["target_weights"] = str(dt).replace("torch.", "")
+    pair.info["target_weights"], pair.info["target_quant"] = str(dt).replace("torch.", ""), target_quant
     if target_quant == "int8":
         if dev.type != "cpu":
             raise ValueError("target_quant='int8' runs on CPUs only.")

@@ -60,14 +60,14 @@ def test_gpu_bench_runs_on_a_small_shape(tmp_path):
 def test_bench_compares_chains_and_trees_in_one_run(tmp_path, capsys):
     report = bench.main(["--pair", "tiny", "--max-new-tokens", "16", "--limit", "2", "--json", str(tmp_path / "t.json"),
                          "--dtype", "float32", "--device", "cpu", "--tree", "0,6"])
-    chain, tree = report["variants"]["auto, chain"], report["variants"]["auto, tree of 6"]
+    chain, tree = report["variants"]["off, chain"], report["variants"]["off, tree of 6"]
     assert chain["settings"]["tree_nodes"] == 0 and tree["settings"]["tree_nodes"] == 6
     assert chain["pass_costs"] is None and set(tree["pass_costs"]["sizes"]) == {1, 2, 4, 8, 16, 32, 65}
     for run in (chain, tree):
         assert all(e["identical_to_ar"] for e in run["prompts"])
         assert {"accepted_per_pass_mean", "drafted_per_round_mean", "depth_per_round_mean"} <= set(run["summary"])
     assert all(e["spec"]["drafted_per_round"] <= 6 for e in tree["prompts"])
-    assert (tmp_path / "t-auto-tree-of-6.html").exists()
+    assert (tmp_path / "t-off-tree-of-6.html").exists()
     assert "accepted/pass" in capsys.readouterr().out
 
 

@@ -86,6 +86,7 @@ class PairManager:
         self.pair = None
         self.spec = None
         self.status = "No model loaded yet."
+        self.failed = False  # the status reports a failed load (shown as an error)
         self.loading = False
         self._lock = threading.Lock()
 
@@ -104,7 +105,7 @@ class PairManager:
         """Load `spec` and make it current; returns a status line. Never raises."""
         if not self._lock.acquire(blocking=False):
             return "Another pair is loading right now; try again when it is ready."
-        self.loading = True
+        self.loading, self.failed = True, False
         previous = self.status if self.pair is not None else None
         try:
             target, draft = self.check_allowed(spec)
@@ -124,6 +125,7 @@ class PairManager:
                            f"loaded in {seconds:.1f} s.{verdict}")
         except Exception as err:  # a failed load must leave the app serving the previous pair
             reason = str(err) if isinstance(err, (ValueError, RuntimeError, OSError)) else repr(err)
+            self.failed = True
             self.status = f"Could not load {spec}: {reason}" + (f" Still serving the previous pair. {previous}"
                                                                   if previous else "")
         finally:
@@ -146,7 +148,7 @@ class PairManager:
         return words
 
     def load_in_background(self, spec: str) -> threading.Thread:
-        self.status, self.spec = f"Loading {spec}…", spec
+        self.status, self.spec, self.failed = f"Loading {spec}…", spec, False
         thread = threading.Thread(target=self.load, args=(spec,), daemon=True)
         thread.start()
         return thread

@@ -61,8 +61,7 @@ def example_prompts() -> list[str]:
 
 def status_html(manager) -> str:
     """The pair's state, escaped (it can quote a model id a visitor typed)."""
-    text = manager.status
-    return message_html(text, "error" if text.startswith("Could not") else "info")
+    return message_html(manager.status, "error" if manager.failed else "info")
 
 
 def build_pair_bar(manager, tx: Texts):

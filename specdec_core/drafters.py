@@ -22,7 +22,7 @@ from .cache import CachedModel, TreeInput
 from .sampling import sample, warp
 from .theory import PassCosts, tree_size
 from .timing import tree_costs
-from .transfer import upload
+from .transfer import Transfer, upload
 
 TREE_WIDTH = 4  # a tree node's children
 
@@ -166,7 +166,10 @@ class ModelDrafter:
             if not cfg.greedy:  # Gumbel top-k: `width` draws without replacement, in the order drawn
                 u = torch.rand(q.shape, generator=generator, device=q.device).clamp_(min=1e-20)
                 picks = torch.topk(torch.where(q > 0, q.log() - (-u.log()).log(), float("-inf")), width, -1).indices
-            tops, tokens = torch.stack([top.double(), picks.double()]).tolist()  # the level's one read (ids exact)
+            level_read = Transfer()
+            level_read.put("tops", top, floats=True)
+            level_read.put("tokens", picks)
+            tops, tokens = level_read.read().values()  # the level's one read
             level, first_row = [], len(qs)
             qs += q.unbind(0)
             raw += logits.unbind(0)
@@ -176,7 +179,7 @@ class ModelDrafter:
                 for j in range(width):
                     if tops[f][j] <= 0:  # the distribution has fewer tokens than `width`
                         break
-                    nodes.append(Node(int(tokens[f][j]), parent, above * tops[f][j], first_row + f, j, on_chain and j == 0))
+                    nodes.append(Node(tokens[f][j], parent, above * tops[f][j], first_row + f, j, on_chain and j == 0))
                     level.append(len(nodes) - 1)
             chain = next(i for i in level if nodes[i].chain)
             if depth == k - 1 or depth + 1 >= cfg.tree_nodes or nodes[chain].rank < cfg.min_confidence:

@@ -5,8 +5,6 @@ drafter that proposes nothing, so every round is one single-token target step.
 """
 from __future__ import annotations
 
-import math
-import struct
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Iterator
@@ -20,7 +18,7 @@ from .events import Result, RoundEvent, summarize
 from .sampling import NON_FINITE, NonFiniteLogitsError, warp
 from .text import encode_prompt
 from .timing import Clock
-from .transfer import upload
+from .transfer import Transfer, upload
 from .verify import TreeDecision, decide, decide_tree
 
 
@@ -155,31 +153,6 @@ class Read:
     draft_top: list = field(default_factory=list)
     residual_top: list | None = None
     path: list[int] = field(default_factory=list)  # the accepted nodes: a chain's first `accepted`, a tree's path
-
-
-class Transfer:
-    """Device values packed by name into one int64 tensor and copied to the host in one read: integers as they
-    are, floats as their float32 bits (exact, and MPS has no float64)."""
-
-    def __init__(self):
-        self.parts, self.fields = [], []
-
-    def put(self, name: str, value: torch.Tensor, floats: bool = False) -> None:
-        flat = value.reshape(-1)
-        self.parts.append(flat.float().view(torch.int32).long() if floats else flat.long())
-        self.fields.append((name, tuple(value.shape), floats))
-
-    def read(self) -> dict:
-        values = torch.cat(self.parts).tolist()  # the one device -> host transfer
-        out, at = {}, 0
-        for name, shape, floats in self.fields:
-            n = math.prod(shape)
-            part, at = values[at: at + n], at + n
-            if floats:
-                part = list(struct.unpack(f"{n}f", struct.pack(f"{n}i", *part)))
-            out[name] = part[0] if not shape else part if len(shape) == 1 else \
-                [part[i * shape[1]: (i + 1) * shape[1]] for i in range(shape[0])]
-        return out
 
 
 def read_round(x, q, p, d, failed, size, logits, draft_logits, cfg: SpecConfig) -> Read:

@@ -11,6 +11,7 @@ from app.handlers import api_generate
 from app.limits import VisitorLimits
 from app.pairs import PairManager, check_model_id, judge_model_info, parse_spec
 from app.race import advance, run, start_race
+from app.ui import status_html
 from specdec_core import SpecConfig, generate
 from specdec_core.models.tiny import tiny_models
 from specdec_core.sampling import NonFiniteLogitsError
@@ -61,6 +62,10 @@ def test_a_failed_load_leaves_the_previous_pair_serving():
     status = manager.load("no-such-org/no-such-model,no-such-org/other")  # offline or missing: either way refused
     assert "Could not load" in status and "Still serving" in status
     assert manager.pair is pair
+    assert "msg-error" in status_html(manager)  # the status says it failed by a field, not by its wording
+    manager.status = "Could not load is only text here"
+    manager.failed = False
+    assert "msg-info" in status_html(manager)
     assert generate(pair, "still works", SpecConfig(max_new_tokens=4)).token_ids
 
 

@@ -17,6 +17,12 @@ KINDS = {
     "bonus": ("tok-bon", "+"),
     "target": ("tok-ar", ""),
 }
+# the text keys of each kind, spelled out so that a search for a key finds where it is used
+LEGEND = {"accepted": "kind_accepted", "rejected": "kind_rejected", "discarded": "kind_discarded",
+          "replacement": "kind_replacement", "bonus": "kind_bonus"}
+TIPS = {"replacement": "tip_replacement", "bonus": "tip_bonus", "target": "tip_target", "eos": "tip_eos",
+        "length": "tip_length"}
+ENDS = {"eos": "end_eos", "length": "end_length"}
 
 
 @dataclass
@@ -62,7 +68,7 @@ def round_pieces(e: RoundEvent, text, label, lang: str, tail: str = "") -> list[
     if len(e.committed) > n:
         kind = e.token_kind if e.method == "speculative" else "target"
         # a replacement is explained by the rejection it follows
-        out.append(Piece(next(text), kind, t("tip_" + kind, lang, p=e.p_token), e.round,
+        out.append(Piece(next(text), kind, t(TIPS[kind], lang, p=e.p_token), e.round,
                          {"replacement": n + 1, "bonus": len(e.drafted) + 1}.get(kind, 0)))
     return out + ending(e, out, lang, tail)
 
@@ -80,7 +86,7 @@ def tree_pieces(e: RoundEvent, text, label, lang: str, tail: str) -> list[Piece]
                 tip = (t("tip_rejected_greedy", lang) if e.greedy else
                        t("tip_rejected", lang, p=e.p_drafted[i], q=e.q_drafted[i], a=e.accept_probs[i], u=e.uniforms[i]))
                 out.append(Piece(visible(label(e.drafted[i])), "rejected", tip, e.round, i + 1))
-        out.append(Piece(next(text), e.token_kind, t("tip_" + e.token_kind, lang, p=e.p_token), e.round,
+        out.append(Piece(next(text), e.token_kind, t(TIPS[e.token_kind], lang, p=e.p_token), e.round,
                          len(e.drafted) + 1))
     return out + ending(e, out, lang, tail)
 
@@ -92,7 +98,7 @@ def ending(e: RoundEvent, out: list[Piece], lang: str, tail: str) -> list[Piece]
         if tail:
             end.append(Piece(tail, out[-1].kind if out else "target", "", e.round))
         if e.finish_reason in ("eos", "length"):
-            end.append(Piece(t("end_" + e.finish_reason, lang), "eos", t("tip_" + e.finish_reason, lang), e.round))
+            end.append(Piece(t(ENDS[e.finish_reason], lang), "eos", t(TIPS[e.finish_reason], lang), e.round))
     return end
 
 
@@ -113,8 +119,8 @@ def pane_html(pieces: list[Piece], placeholder: str = "") -> str:
 
 
 def legend_html(lang: str = "en") -> str:
-    items = "".join(f'<span class="tok {cls}">{mark}{t("sample", lang)}</span> {html.escape(t("kind_" + kind, lang))}'
-                    for kind, (cls, mark) in KINDS.items() if kind != "target")
+    items = "".join(f'<span class="tok {KINDS[kind][0]}">{KINDS[kind][1]}{t("sample", lang)}</span> {html.escape(t(name, lang))}'
+                    for kind, name in LEGEND.items())
     return f'<div class="legend">{items}</div>'
 
 

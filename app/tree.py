@@ -13,6 +13,11 @@ from .i18n import t
 from .render import visible
 
 W, H, GAP_X, GAP_Y, PAD, CHARS = 78, 24, 22, 10, 10, 9  # node box, gaps, margin (px); characters shown per node
+# the text keys of each kind of node, spelled out so that a search for a key finds where it is used
+TIPS = {"accepted": "tree_tip_accepted", "rejected": "tree_tip_rejected", "unreached": "tree_tip_unreached",
+        "replacement": "tree_tip_replacement", "bonus": "tree_tip_bonus"}
+LEGEND = {"accepted": "tree_key_accepted", "rejected": "tree_key_rejected", "unreached": "tree_key_unreached",
+          "replacement": "tree_key_replacement", "bonus": "tree_key_bonus"}
 
 
 def states(e: RoundEvent) -> list[str]:
@@ -69,7 +74,7 @@ def tree_html(e: RoundEvent | None, label, lang: str = "en") -> str:
         token = e.drafted[i] if i < n else e.token
         text = visible(label(token))
         short = text if len(text) <= CHARS else text[: CHARS - 1] + "…"
-        tip = t("tree_tip_" + kinds[i], lang, x=text, p=e.p_drafted[i] if i < n else e.p_token)
+        tip = t(TIPS[kinds[i]], lang, x=text, p=e.p_drafted[i] if i < n else e.p_token)
         boxes.append(f'<g class="tn tn-{kinds[i]}" data-round="{e.round}" data-pos="{i + 1}" tabindex="0">'
                      f"<title>{html.escape(tip)}</title>"
                      f'<rect x="{cx:.0f}" y="{y(row[i]):.0f}" width="{W}" height="{H}" rx="5"/>'
@@ -79,8 +84,7 @@ def tree_html(e: RoundEvent | None, label, lang: str = "en") -> str:
     caption = t("tree_caption", lang, r=e.round, n=n, d=e.depth, a=e.accepted, x=e.expected)
     svg = (f'<svg class="tree" width="{width:.0f}" height="{height:.0f}" viewBox="0 0 {width:.0f} {height:.0f}" '
            f'role="img" aria-label="{html.escape(caption)}">{root}{"".join(edges)}{"".join(boxes)}</svg>')
-    legend = "".join(f'<span class="tn-key tn-{kind}">{html.escape(t("tree_key_" + kind, lang))}</span>'
-                     for kind in ("accepted", "rejected", "unreached", "replacement", "bonus"))
+    legend = "".join(f'<span class="tn-key tn-{kind}">{html.escape(t(name, lang))}</span>' for kind, name in LEGEND.items())
     return (f'<div class="tree-box"><div class="pane-title">{html.escape(t("tree_title", lang))}</div>'
             f'<div class="tree-caption">{html.escape(caption)}</div>'
             f'<div class="tree-legend">{legend}</div><div class="tree-scroll">{svg}</div></div>')

@@ -35,13 +35,31 @@ CLICK_JS = """
 """
 
 
+class key:
+    """A text key (i18n.t) or a function of the language, where a component takes text."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def text(self, lang: str = "en") -> str:
+        return self.name(lang) if callable(self.name) else t(self.name, lang)
+
+
 class Texts:
-    """Components whose text follows the language switch: (component, {attribute: text key})."""
+    """Components whose text follows the language switch. `tx(gr.Slider, 1, 16, label=key("k"))` makes the
+    component with each key's English text and remembers the keys, so each text is named once."""
+
+    FIRST = {gr.Accordion: "label"}  # the attribute a component's first positional argument sets (else "value")
 
     def __init__(self):
         self.items = []
 
-    def __call__(self, component, **keys):
+    def __call__(self, kind, *args, **kwargs):
+        keys = {name: value for name, value in kwargs.items() if isinstance(value, key)}
+        if args and isinstance(args[0], key):
+            keys[self.FIRST.get(kind, "value")] = args[0]
+            args = (args[0].text(), *args[1:])
+        component = kind(*args, **{**kwargs, **{name: k.text() for name, k in keys.items() if name in kwargs}})
         self.items.append((component, keys))
         return component
 
@@ -50,8 +68,7 @@ class Texts:
         return [component for component, _ in self.items]
 
     def updates(self, lang: str):
-        text = lambda key: key(lang) if callable(key) else t(key, lang)
-        return [gr.update(**{attr: text(key) for attr, key in keys.items()}) for _, keys in self.items]
+        return [gr.update(**{attr: k.text(lang) for attr, k in keys.items()}) for _, keys in self.items]
 
 
 def example_prompts() -> list[str]:
@@ -66,14 +83,14 @@ def status_html(manager) -> str:
 
 def build_pair_bar(manager, tx: Texts):
     status = gr.HTML(status_html(manager), elem_id="pair-status")
-    with tx(gr.Accordion(t("pair_box"), open=False, elem_id="pair-box"), label="pair_box"):
+    with tx(gr.Accordion, key("pair_box"), open=False, elem_id="pair-box"):
         with gr.Row(equal_height=True):
             preset = next((name for name, spec in PRESETS.items() if spec == manager.spec), None)
-            choice = tx(gr.Dropdown(list(PRESETS), value=preset, label=t("pair"), scale=3), label="pair")
-            custom = tx(gr.Textbox(label=t("custom"), value=None if preset else manager.spec, elem_id="custom-pair",
-                                   placeholder="Qwen/Qwen2.5-1.5B-Instruct,Qwen/Qwen2.5-0.5B-Instruct",
-                                   scale=3, visible=manager.allow_custom), label="custom")
-            load = tx(gr.Button(t("load"), scale=1, elem_id="load-pair"), value="load")
+            choice = tx(gr.Dropdown, list(PRESETS), value=preset, label=key("pair"), scale=3)
+            custom = tx(gr.Textbox, label=key("custom"), value=None if preset else manager.spec, elem_id="custom-pair",
+                        placeholder="Qwen/Qwen2.5-1.5B-Instruct,Qwen/Qwen2.5-0.5B-Instruct", scale=3,
+                        visible=manager.allow_custom)
+            load = tx(gr.Button, key("load"), scale=1, elem_id="load-pair")
     return choice, custom, load, status
 
 
@@ -91,33 +108,31 @@ DEFAULTS = SpecConfig()
 
 def build_controls(tx: Texts):
     with gr.Row():
-        prompt = tx(gr.Textbox(label=t("prompt"), lines=3, max_lines=12, elem_id="prompt", scale=3,
-                               placeholder=t("prompt_hint")), label="prompt", placeholder="prompt_hint")
+        prompt = tx(gr.Textbox, label=key("prompt"), lines=3, max_lines=12, elem_id="prompt", scale=3,
+                    placeholder=key("prompt_hint"))
         with gr.Column(scale=2, min_width=320):
-            k = tx(gr.Slider(1, MAX_K, value=DEFAULTS.k, step=1, label=t("k"), elem_id="k"), label="k")
-            max_new = tx(gr.Slider(1, MAX_NEW_TOKENS, value=DEFAULTS.max_new_tokens, step=1, label=t("max_new"),
-                                   elem_id="max-new"),
-                         label="max_new")
-            temperature = tx(gr.Slider(0, MAX_TEMPERATURE, value=DEFAULTS.temperature, step=0.05, label=t("temperature")),
-                             label="temperature")
+            k = tx(gr.Slider, 1, MAX_K, value=DEFAULTS.k, step=1, label=key("k"), elem_id="k")
+            max_new = tx(gr.Slider, 1, MAX_NEW_TOKENS, value=DEFAULTS.max_new_tokens, step=1, label=key("max_new"),
+                         elem_id="max-new")
+            temperature = tx(gr.Slider, 0, MAX_TEMPERATURE, value=DEFAULTS.temperature, step=0.05, label=key("temperature"))
     gr.Examples(example_prompts(), inputs=prompt, label="Examples / Exemplos")
-    with tx(gr.Accordion(t("more"), open=False), label="more"):
+    with tx(gr.Accordion, key("more"), open=False):
         with gr.Row():
-            top_p = tx(gr.Slider(0.01, 1.0, value=DEFAULTS.top_p, step=0.01, label=t("top_p")), label="top_p")
-            top_k = tx(gr.Slider(0, 200, value=DEFAULTS.top_k, step=1, label=t("top_k")), label="top_k")
-            seed = tx(gr.Number(DEFAULTS.seed, precision=0, minimum=0, label=t("seed")), label="seed")
+            top_p = tx(gr.Slider, 0.01, 1.0, value=DEFAULTS.top_p, step=0.01, label=key("top_p"))
+            top_k = tx(gr.Slider, 0, 200, value=DEFAULTS.top_k, step=1, label=key("top_k"))
+            seed = tx(gr.Number, DEFAULTS.seed, precision=0, minimum=0, label=key("seed"))
         with gr.Row():
-            drafter = tx(gr.Radio(["model", "hybrid", "prompt-lookup", "early-exit"], value="model", label=t("drafter"),
-                                  info=t("drafter_info")), label="drafter", info="drafter_info")
-            adaptive = tx(gr.Checkbox(DEFAULTS.adaptive, label=t("adaptive")), label="adaptive")
-            confidence = tx(gr.Slider(0, 0.95, value=DEFAULTS.min_confidence, step=0.05, label=t("confidence"),
-                                      info=t("confidence_info")), label="confidence", info="confidence_info")
-            tree = tx(gr.Slider(0, MAX_TREE_NODES, value=DEFAULTS.tree_nodes, step=1, label=t("tree_nodes"), info=t("tree_info"),
-                                elem_id="tree-nodes"), label="tree_nodes", info="tree_info")
-        tx(gr.Markdown(t("rules")), value="rules")
+            drafter = tx(gr.Radio, ["model", "hybrid", "prompt-lookup", "early-exit"], value="model", label=key("drafter"),
+                         info=key("drafter_info"))
+            adaptive = tx(gr.Checkbox, DEFAULTS.adaptive, label=key("adaptive"))
+            confidence = tx(gr.Slider, 0, 0.95, value=DEFAULTS.min_confidence, step=0.05, label=key("confidence"),
+                            info=key("confidence_info"))
+            tree = tx(gr.Slider, 0, MAX_TREE_NODES, value=DEFAULTS.tree_nodes, step=1, label=key("tree_nodes"),
+                      info=key("tree_info"), elem_id="tree-nodes")
+        tx(gr.Markdown, key("rules"))
     with gr.Row():
-        go = tx(gr.Button(t("generate"), variant="primary", elem_id="generate"), value="generate")
-        stop = tx(gr.Button(t("stop"), variant="stop", elem_id="stop"), value="stop")
+        go = tx(gr.Button, key("generate"), variant="primary", elem_id="generate")
+        stop = tx(gr.Button, key("stop"), variant="stop", elem_id="stop")
     # by the name settings.ask reads: SpecConfig's fields, and the drafter
     controls = dict(k=k, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new, seed=seed,
                     drafter=drafter, adaptive=adaptive, min_confidence=confidence, tree_nodes=tree)
@@ -125,17 +140,17 @@ def build_controls(tx: Texts):
 
 
 def build_race(tx: Texts):
-    tx(gr.HTML(legend_html()), value=legend_html)
+    tx(gr.HTML, key(legend_html))
     with gr.Row():
         with gr.Column():
-            tx(gr.HTML(pane_title(t("plain_title"))), value=lambda lang: pane_title(t("plain_title", lang)))
+            tx(gr.HTML, key(lambda lang: pane_title(t("plain_title", lang))))
             plain = gr.HTML(elem_id="plain-pane")
         with gr.Column():
-            tx(gr.HTML(pane_title(t("spec_title"))), value=lambda lang: pane_title(t("spec_title", lang)))
+            tx(gr.HTML, key(lambda lang: pane_title(t("spec_title", lang))))
             spec = gr.HTML(elem_id="spec-pane")
     tree = gr.HTML(elem_id="tree-pane")  # the latest (or the inspected) round's draft tree, when trees are drafted
     summary = gr.HTML(elem_id="summary")
-    tx(gr.Markdown(t("fairness")), value="fairness")
+    tx(gr.Markdown, key("fairness"))
     return plain, spec, tree, summary
 
 
@@ -145,42 +160,41 @@ def pane_title(text: str) -> str:
 
 def build_plots(tx: Texts):
     with gr.Row():
-        race = tx(gr.Plot(label=t("race_plot"), elem_id="race-plot"), label="race_plot")
-        speed = tx(gr.Plot(label=t("speed_plot")), label="speed_plot")
+        race = tx(gr.Plot, label=key("race_plot"), elem_id="race-plot")
+        speed = tx(gr.Plot, label=key("speed_plot"))
     with gr.Row():
-        rounds = tx(gr.Plot(label=t("rounds_plot")), label="rounds_plot")
-        positions = tx(gr.Plot(label=t("positions_plot")), label="positions_plot")
+        rounds = tx(gr.Plot, label=key("rounds_plot"))
+        positions = tx(gr.Plot, label=key("positions_plot"))
     return race, speed, rounds, positions
 
 
 def build_teaching(tx: Texts):
     pick = gr.Textbox(elem_id="pick", visible="hidden")  # written by CLICK_JS; outside the (lazy) accordion
-    with tx(gr.Accordion(t("inspector"), open=False, elem_id="inspector"), label="inspector") as inspector:
+    with tx(gr.Accordion, key("inspector"), open=False, elem_id="inspector") as inspector:
         with gr.Row():
-            round_no = tx(gr.Slider(1, MAX_NEW_TOKENS, value=1, step=1, label=t("round")), label="round")
-            position = tx(gr.Slider(1, max(MAX_K, MAX_TREE_NODES) + 1, value=1, step=1, label=t("position")),
-                          label="position")
+            round_no = tx(gr.Slider, 1, MAX_NEW_TOKENS, value=1, step=1, label=key("round"))
+            position = tx(gr.Slider, 1, max(MAX_K, MAX_TREE_NODES) + 1, value=1, step=1, label=key("position"))
         decision = gr.HTML(elem_id="decision")
-        decision_plot = tx(gr.Plot(label=t("pq")), label="pq")
-    with tx(gr.Accordion(t("theory"), open=False, elem_id="theory"), label="theory"):
-        tx(gr.Markdown(t("theory_note")), value="theory_note")
+        decision_plot = tx(gr.Plot, label=key("pq"))
+    with tx(gr.Accordion, key("theory"), open=False, elem_id="theory"):
+        tx(gr.Markdown, key("theory_note"))
         sweep_note = gr.HTML()
-        theory_plot = tx(gr.Plot(label=t("theory_plot"), elem_id="theory-plot"), label="theory_plot")
+        theory_plot = tx(gr.Plot, label=key("theory_plot"), elem_id="theory-plot")
         with gr.Row():
-            show_theory = tx(gr.Button(t("fill")), value="fill")
-            sweep = tx(gr.Button(t("sweep"), elem_id="sweep"), value="sweep")
-            temps = tx(gr.Checkbox(False, label=t("sweep_temps")), label="sweep_temps")
-    with tx(gr.Accordion(t("step_box"), open=False), label="step_box"):
+            show_theory = tx(gr.Button, key("fill"))
+            sweep = tx(gr.Button, key("sweep"), elem_id="sweep")
+            temps = tx(gr.Checkbox, False, label=key("sweep_temps"))
+    with tx(gr.Accordion, key("step_box"), open=False):
         with gr.Row():
-            step = tx(gr.Button(t("step"), elem_id="step"), value="step")
-            export = tx(gr.Button(t("export")), value="export")
-            trace_out = tx(gr.File(label=t("trace_out"), interactive=False), label="trace_out")
+            step = tx(gr.Button, key("step"), elem_id="step")
+            export = tx(gr.Button, key("export"))
+            trace_out = tx(gr.File, label=key("trace_out"), interactive=False)
         with gr.Row():
-            trace_in = tx(gr.File(label=t("trace_in"), file_types=[".json"]), label="trace_in")
-            speed = tx(gr.Slider(0.25, 8, value=1, step=0.25, label=t("replay_speed")), label="replay_speed")
-            replay = tx(gr.Button(t("replay")), value="replay")
-    with tx(gr.Accordion(t("how"), open=False, elem_id="how"), label="how"):
-        tx(gr.Markdown(t("explain")), value="explain")
+            trace_in = tx(gr.File, label=key("trace_in"), file_types=[".json"])
+            speed = tx(gr.Slider, 0.25, 8, value=1, step=0.25, label=key("replay_speed"))
+            replay = tx(gr.Button, key("replay"))
+    with tx(gr.Accordion, key("how"), open=False, elem_id="how"):
+        tx(gr.Markdown, key("explain"))
     return dict(inspector=inspector, round_no=round_no, position=position, pick=pick, decision=decision,
                 decision_plot=decision_plot, sweep_note=sweep_note, theory_plot=theory_plot, show_theory=show_theory,
                 sweep=sweep, temps=temps, step=step, export=export, trace_out=trace_out, trace_in=trace_in,
@@ -229,10 +243,15 @@ class Controls:
 
 
 def build_app(manager, limits=None) -> gr.Blocks:
+    return build(manager, limits)[0]
+
+
+def build(manager, limits=None) -> tuple[gr.Blocks, Texts]:
+    """The page, and the registry of its texts that the language switch updates."""
     with gr.Blocks(title="specdec: speculative decoding, live") as demo:
         tx = Texts()
         with gr.Row(equal_height=True):
-            tx(gr.Markdown(t("intro")), value="intro")
+            tx(gr.Markdown, key("intro"))
             lang = gr.Radio(list(LANGUAGES), value="English", label="Language / Idioma", elem_id="lang", scale=0,
                             min_width=220)
         choice, custom, load, status = build_pair_bar(manager, tx)
@@ -280,5 +299,4 @@ def build_app(manager, limits=None) -> gr.Blocks:
         api.__signature__ = API_SIGNATURE
         api.__annotations__ = {name: p.annotation for name, p in API_SIGNATURE.parameters.items()} | {"return": dict}
         gr.api(api, api_name="generate", concurrency_id="gpu")
-    demo.texts = tx  # the language switch's registry, for tests
-    return demo
+    return demo, tx

@@ -9,7 +9,7 @@ from app.handlers import lane_pieces, view
 from app.i18n import TEXT, t
 from app.inspector import decision_text
 from app.race import run, start_race
-from app.ui import build_app
+from app.ui import build
 from specdec_core import SpecConfig
 
 
@@ -77,8 +77,8 @@ def test_results_follow_the_language(tiny):
 
 
 def test_the_language_switch_updates_every_registered_component(tiny):
-    manager = SimpleNamespace(pair=tiny, status="Ready", spec="tiny", allow_custom=True, loading=False)
-    tx = build_app(manager).texts
+    manager = SimpleNamespace(pair=tiny, status="Ready", spec="tiny", allow_custom=True, loading=False, failed=False)
+    _, tx = build(manager)
     en, pt = tx.updates("English"), tx.updates("Português (Brasil)")
     assert len(en) == len(tx.components) >= 45
     texts = lambda updates: [v for u in updates for k, v in u.items() if k != "__type__"]

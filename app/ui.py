@@ -94,12 +94,12 @@ def build_pair_bar(manager, tx: Texts):
     return choice, custom, load, status
 
 
-API_FIELDS = ("k", "temperature", "top_p", "top_k", "max_new_tokens", "seed", "min_confidence", "tree_nodes")
-# the API's parameters: SpecConfig's fields with its defaults, and the drafter
+# the API's parameters: SpecConfig's fields with its defaults (but the chat template, always on here, and the
+# inspector's top-n lists, which the API does not return), and the drafter
 API_SIGNATURE = inspect.Signature(
     [inspect.Parameter("prompt", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)]
     + [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=kind)
-       for name, kind, default, _ in SpecConfig.options(API_FIELDS)]
+       for name, kind, default, _ in SpecConfig.options(skip=("chat", "record_top"))]
     + [inspect.Parameter("drafter", inspect.Parameter.POSITIONAL_OR_KEYWORD, default="model", annotation=str),
        inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=gr.Request)],
     return_annotation=dict)

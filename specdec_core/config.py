@@ -68,10 +68,11 @@ class SpecConfig:
             raise ValueError(f"record_top must be >= 0, got {self.record_top}")
 
     @classmethod
-    def options(cls, names) -> list[tuple[str, type, object, str]]:
-        """(name, type, default, help) of the named fields, in the order declared: what the API and CLIs expose."""
+    def options(cls, skip=()) -> list[tuple[str, type, object, str]]:
+        """(name, type, default, help) of every field but those in `skip`, in the order declared: what the API and
+        the CLIs expose, so that a new setting reaches them from here."""
         kinds = {"int": int, "float": float, "bool": bool}
-        return [(f.name, kinds[f.type], f.default, f.metadata["help"]) for f in fields(cls) if f.name in names]
+        return [(f.name, kinds[f.type], f.default, f.metadata["help"]) for f in fields(cls) if f.name not in skip]
 
     @property
     def greedy(self) -> bool:

@@ -28,7 +28,7 @@ from ..theory import measured_costs
 from ..timing import Clock, pass_ms, passes_ms
 from ..theory import predicted_speedup
 
-FLAGS = ("k", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "adaptive", "min_confidence")
+NOT_FLAGS = ("chat", "record_top", "tree_nodes")  # SpecConfig's fields that are not flags (--tree takes a list)
 STAT_KEYS = ("tokens", "seconds", "tokens_per_s")
 OWN_KEYS = STAT_KEYS + ("prefill_s", "decode_tokens_per_s")
 SPEC_KEYS = OWN_KEYS + ("acceptance_rate", "accepted_fraction", "mean_accepted_length", "tokens_per_round",
@@ -269,11 +269,11 @@ def chart(report: dict, path: Path) -> None:
         print(f"PNG chart skipped ({err.__class__.__name__}: {err}); wrote {path.with_suffix('.html')}")
 
 
-def main(argv=None) -> dict:
+def options(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m specdec_core.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--pair", default="bundled", help="bundled | tiny | TARGET_ID,DRAFT_ID")
     ap.add_argument("--prompts", default=str(Path(__file__).resolve().parents[2] / "assets" / "prompts.jsonl"))
-    for name, kind, default, help in SpecConfig.options(FLAGS):  # defaults and meanings as SpecConfig says them
+    for name, kind, default, help in SpecConfig.options(skip=NOT_FLAGS):  # as SpecConfig says them
         flag = "--" + name.replace("_", "-")
         if kind is bool:
             ap.add_argument(flag, action="store_true", help=help)
@@ -299,16 +299,18 @@ def main(argv=None) -> dict:
     ap.add_argument("--tree", default="0",
                     help="draft token trees of up to this many nodes (0: a chain); a comma list compares them in one run")
     args = ap.parse_args(argv)
-
-    target, _, draft = args.pair.partition(",")
     if args.peer != "none" and args.pair != "bundled":
         raise SystemExit("--peer llama.cpp decodes the bundled target's GGUF: use it with --pair bundled")
-    cfg = SpecConfig(**{name: getattr(args, name) for name in FLAGS})
-    items = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
-    items = items[: args.limit] if args.limit else items
+    return args
+
+
+def load_variants(args, cfg: SpecConfig, prompt: str) -> tuple[dict, dict, dict]:
+    """Each target asked for (its own pair) with each tree size: {variant: pair}, {variant: cfg}, {variant: load s},
+    each warmed up on `prompt` (first calls pay for allocations and kernel selection; a tree's pass costs are timed)."""
+    target, _, draft = args.pair.partition(",")
     trees = [int(n) for n in args.tree.split(",")]
     pairs, cfgs, load_s = {}, {}, {}
-    for quant in args.target_quant.split(","):  # each target's own pair; runs interleave prompt by prompt
+    for quant in args.target_quant.split(","):
         t0 = time.perf_counter()
         pair = load_pair(target, draft or None, device=args.device, dtype=args.dtype, target_quant=quant,
                          draft_quant=False if args.draft_quant == "off" else "auto", quant_mode=args.draft_quant)
@@ -317,55 +319,28 @@ def main(argv=None) -> dict:
             variant = quant if len(trees) == 1 else f"{quant}, {f'tree of {nodes}' if nodes else 'chain'}"
             pairs[variant], cfgs[variant] = pair, dataclasses.replace(cfg, tree_nodes=nodes)
             load_s[variant] = time.perf_counter() - t0
-            # warm-up: first calls pay for allocations and kernel selection (and a tree's pass costs are timed)
             warm = dataclasses.replace(cfgs[variant], max_new_tokens=8)
-            generate(pair, items[0]["prompt"], warm, "autoregressive")
-            generate(pair, items[0]["prompt"], warm, drafter=make_drafter(pair, args.drafter, cfgs[variant]))
+            generate(pair, prompt, warm, "autoregressive")
+            generate(pair, prompt, warm, drafter=make_drafter(pair, args.drafter, cfgs[variant]))
             if args.compare_hf:
-                hf_assisted(pair, encode_request(pair, items[0]["prompt"], warm), warm, args.hf_k)
-    peer = None
-    if args.peer == "llama.cpp":
-        from .peer import LlamaCppPeer
-        peer = LlamaCppPeer(next(iter(pairs.values())).eos_ids)
-        peer.generate(encode_request(pair, items[0]["prompt"], warm), warm)  # warm-up
-    extra = {}  # per target: the costs by context and the draft's table, timed before the prompts run
-    for variant, pair in pairs.items():
-        if variant.split(",")[0] not in extra:
-            extra[variant.split(",")[0]] = {
-                "costs_by_context": costs_by_context(pair, [int(c) for c in args.contexts.split(",")], cfg.k)
-                if args.contexts else None,
-                "draft_step": draft_step_table(pair) if args.draft_table and pair.draft is not None else None}
-    entries = {variant: [] for variant in pairs}
-    for item in items:
-        for variant, pair in pairs.items():
-            entries[variant].append(run_prompt(pair, item, cfgs[variant], args.drafter, args.compare_hf, args.hf_k,
-                                               args.repeats, peer))
-            e = entries[variant][-1]
-            print(f"{e['id']} ({variant} target): {e['speedup']:.2f}x, {e['spec']['tokens_per_s']:.1f} tok/s, "
-                  f"acceptance {e['spec']['acceptance_rate']:.2f}", flush=True)
-    reports = {}
-    for variant, pair in pairs.items():
-        reports[variant] = {
-            "pair": pair.name, "models": {"target": pair.info.get("target"), "draft": pair.info.get("draft")},
+                hf_assisted(pair, encode_request(pair, prompt, warm), warm, args.hf_k)
+    return pairs, cfgs, load_s
+
+
+def describe(pair, cfg: SpecConfig, args, variant: str) -> dict:
+    """What a variant's report says of the models, the machine and the settings it ran."""
+    return {"pair": pair.name, "models": {"target": pair.info.get("target"), "draft": pair.info.get("draft")},
             "device": str(pair.device), "dtype": str(pair.dtype).replace("torch.", ""),
             "target_weights": pair.info.get("target_weights"),
             "cpu_kernels": {k: pair.info[k] for k in ("draft_quant", "packed") if k in pair.info},
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", {torch.get_num_threads()} threads",
-            "settings": {"k": cfg.k, "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
-                         "drafter": args.drafter, "adaptive": cfg.adaptive, "min_confidence": cfg.min_confidence,
-                         "hf_k": args.hf_k, "repeats": args.repeats, "target_quant": variant.split(",")[0],
-                         "tree_nodes": cfgs[variant].tree_nodes, "prompts": args.prompts},
-            "pass_costs": dataclasses.asdict(pair.pass_costs) if cfgs[variant].tree_nodes else None,
-            "peer": peer and f"{peer.name} {peer.version} (plain decoding of the target's GGUF, Q4_K_M)",
-            **extra[variant.split(",")[0]],
-            "load_s": load_s[variant], "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "prompts": entries[variant], "summary": summarize_prompts(entries[variant])}
-    report = next(iter(reports.values())) if len(reports) == 1 else {"variants": reports}
-    Path(args.json).write_text(json.dumps(report, indent=2))
+            "settings": {**dataclasses.asdict(cfg), "drafter": args.drafter, "hf_k": args.hf_k, "repeats": args.repeats,
+                         "target_quant": variant.split(",")[0], "prompts": args.prompts},
+            "pass_costs": dataclasses.asdict(pair.pass_costs) if cfg.tree_nodes else None}
+
+
+def print_report(reports: dict) -> None:
     for variant, one in reports.items():
-        png = Path(args.png) if args.png else Path(args.json).with_suffix(".png")
-        slug = re.sub(r"[^a-z0-9]+", "-", variant.lower()).strip("-")
-        chart(one, png if len(reports) == 1 else png.with_name(f"{png.stem}-{slug}{png.suffix}"))
         print(f"{variant}: target weights {one['target_weights']}\n{table(one)}")
         for context, costs in (one["costs_by_context"] or {}).items():
             print(f"context {context}: " + ", ".join(f"{key} {value:.1f}" for key, value in costs.items() if value))
@@ -379,6 +354,46 @@ def main(argv=None) -> dict:
             s = one["summary"]
             print(f"{variant:<24}{s['speedup_median']:>14.2f}x{s['drafted_per_round_mean']:>14.2f}"
                   f"{s['accepted_per_pass_mean']:>14.2f}")
+
+
+def main(argv=None) -> dict:
+    args = options(argv)
+    cfg = SpecConfig(**{name: getattr(args, name) for name, *_ in SpecConfig.options(skip=NOT_FLAGS)})
+    items = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+    items = items[: args.limit] if args.limit else items
+    pairs, cfgs, load_s = load_variants(args, cfg, items[0]["prompt"])  # runs interleave prompt by prompt
+    peer = None
+    if args.peer == "llama.cpp":
+        from .peer import LlamaCppPeer
+        first = next(iter(pairs.values()))
+        peer = LlamaCppPeer(first.eos_ids)
+        peer.generate(encode_request(first, items[0]["prompt"], cfg), dataclasses.replace(cfg, max_new_tokens=8))
+    extra = {}  # per target: the costs by context and the draft's table, timed before the prompts run
+    for variant, pair in pairs.items():
+        extra.setdefault(variant.split(",")[0], {
+            "costs_by_context": costs_by_context(pair, [int(c) for c in args.contexts.split(",")], cfg.k)
+            if args.contexts else None,
+            "draft_step": draft_step_table(pair) if args.draft_table and pair.draft is not None else None})
+    entries = {variant: [] for variant in pairs}
+    for item in items:
+        for variant, pair in pairs.items():
+            entries[variant].append(run_prompt(pair, item, cfgs[variant], args.drafter, args.compare_hf, args.hf_k,
+                                               args.repeats, peer))
+            e = entries[variant][-1]
+            print(f"{e['id']} ({variant} target): {e['speedup']:.2f}x, {e['spec']['tokens_per_s']:.1f} tok/s, "
+                  f"acceptance {e['spec']['acceptance_rate']:.2f}", flush=True)
+    reports = {variant: {**describe(pair, cfgs[variant], args, variant), **extra[variant.split(",")[0]],
+                         "peer": peer and f"{peer.name} {peer.version} (plain decoding of the target's GGUF, Q4_K_M)",
+                         "load_s": load_s[variant], "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                         "prompts": entries[variant], "summary": summarize_prompts(entries[variant])}
+               for variant, pair in pairs.items()}
+    report = next(iter(reports.values())) if len(reports) == 1 else {"variants": reports}
+    Path(args.json).write_text(json.dumps(report, indent=2))
+    for variant, one in reports.items():
+        png = Path(args.png) if args.png else Path(args.json).with_suffix(".png")
+        slug = re.sub(r"[^a-z0-9]+", "-", variant.lower()).strip("-")
+        chart(one, png if len(reports) == 1 else png.with_name(f"{png.stem}-{slug}{png.suffix}"))
+    print_report(reports)
     return report
 
 

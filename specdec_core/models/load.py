@@ -61,6 +61,10 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
         path, source = saved("draft", f"draft-{quant_mode}.safetensors")
         cheapen_draft(pair.draft, mode=quant_mode, saved=path, source=source)
         pair.info["draft_quant"] = quant_label(pair.draft, quant_mode)
+    if pair.draft is not None and dev.type == "cpu" and target != "tiny":
+        # SDPA would repeat the key/value heads over the whole cache every step: a draft step at 1,000 tokens of
+        # context would cost nearly twice one at 128 (docs/benchmarks.md); the draft changes only speed
+        pair.draft.set_attn_implementation(GROUPED)
     pair.info["target_weights"], pair.info["target_quant"] = str(dt).replace("torch.", ""), target_quant
     if target_quant == "int8":
         if dev.type != "cpu":

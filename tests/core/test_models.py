@@ -104,3 +104,15 @@ def test_bundled_parts_are_checked_against_the_pinned_sha256(tmp_path, monkeypat
 def test_unknown_graphs_mode_is_refused_before_loading():
     with pytest.raises(ValueError, match="graphs must be"):
         load_pair("bundled", graphs="fast")
+
+
+def test_a_cpu_draft_reads_its_key_value_heads_as_they_are(model_dirs):
+    """transformers' SDPA repeats a draft's key/value heads over the cache every step (its cost grows with the
+    context); on CPUs the draft runs grouped attention instead. The draft only changes speed: output stays."""
+    from specdec_core.models.attention import GROUPED
+
+    pair = with_eos(load_pair(str(model_dirs / "target"), str(model_dirs / "draft"), device="cpu", dtype="float32"), [])
+    assert pair.draft.config._attn_implementation == GROUPED
+    assert pair.target.config._attn_implementation == "specdec_rows"  # the exact target keeps its own
+    cfg = SpecConfig(k=4, max_new_tokens=24)
+    assert generate(pair, "grouped", cfg).token_ids == generate(pair, "grouped", cfg, "autoregressive").token_ids

@@ -258,7 +258,8 @@ def chart(report: dict, path: Path) -> None:
         ys = [statistics.median(value(e) for e in groups[c]) for c in cats]
         fig.add_bar(name=name, x=cats, y=ys, marker_color=color, text=[f"{y:.2f}×" for y in ys], textposition="outside")
     fig.add_hline(y=1.0, line_dash="dot", annotation_text="plain decoding")
-    fig.update_layout(title=f"Speedup over plain decoding: {report['pair']} pair, {report['device']}, {report['dtype']}, "
+    weights = report["target_weights"].split(",")[0]
+    fig.update_layout(title=f"Speedup over plain decoding: {report['pair']} pair, {report['device']}, target {weights}, "
                             f"{drafts(report['settings'])}, {report['settings']['max_new_tokens']} new tokens",
                       yaxis_title="speedup (×), median per category", barmode="group", template="plotly_white",
                       width=1000, height=500, legend=dict(orientation="h", y=-0.15))

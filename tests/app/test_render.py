@@ -110,7 +110,8 @@ def test_differing_greedy_outputs_say_where_they_part(tiny):
     plain = race.plain.token_ids
     other = plain[:3] + [(plain[3] + 1) % pair.vocab] + plain[4:]
     d = first_divergence(pair, ids, plain, other)
-    logits = pair.target(torch.tensor([ids + plain[:3]])).logits[0, -1]
+    with torch.inference_mode():
+        logits = pair.target(torch.tensor([ids + plain[:3]])).logits[0, -1]
     assert d["position"] == 3
     assert (d["ar_logit"], d["spec_logit"]) == pytest.approx((float(logits[plain[3]]), float(logits[other[3]])), rel=1e-5)
     assert first_divergence(pair, ids, plain, plain) is None

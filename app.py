@@ -43,7 +43,7 @@ def main(argv=None):
                           graphs=args.graphs, probe=not args.zero_gpu, target_quant=args.target_quant)
     limits = VisitorLimits(args.visitor_tokens) if args.hosted else None
     if args.pair == "none":  # e.g. a lecture laptop that only replays recorded traces
-        manager.status = "No model loaded: replay a trace, or pick a pair and press Load."
+        manager.say("status_replay")
     else:
         manager.load_in_background(args.pair)  # the page is up at once and shows loading progress
     demo = build_app(manager, limits)

@@ -77,8 +77,8 @@ def race_stream(manager, limits, prompt, settings: dict, request: gr.Request = N
     `settings`: the controls' values by name (settings.ask)."""
     pair = manager.pair  # this run keeps this pair even if another one is loaded meanwhile
     if pair is None:
-        yield empty_view(manager.status if manager.loading else "No model is loaded: pick a pair and press Load.",
-                         "info")
+        lang = settings.get("lang") or "en"
+        yield empty_view(manager.status_text(lang) if manager.loading else t("no_model_pick", lang), "info")
         return
     try:
         wanted = ask(settings)

@@ -128,6 +128,10 @@ do alvo para cada um."""),
                    "K = 1 acceptance and costs.",
                    "Varredura concluída: mais rápido com K = {k}, T = {temp:g} ({x:.2f}×). Cada curva usa a "
                    "aceitação e os custos medidos com K = 1 naquela temperatura."),
+    "pick_pair": ("Pick a pair from the list or type TARGET_ID,DRAFT_ID.",
+                  "Escolha um par da lista ou digite ALVO_ID,RASCUNHO_ID."),
+    "loading_keeps": ("Loading… the current pair keeps serving until the new one is ready.",
+                      "Carregando… o par atual continua servindo até o novo ficar pronto."),
     "no_model": ("No model is loaded yet.", "Nenhum modelo carregado ainda."),
     "step_box": ("Step through, export and replay", "Passo a passo, exportar e reproduzir"),
     "step": ("Step one round", "Avançar uma rodada"),
@@ -154,6 +158,28 @@ do alvo para cada um."""),
     "sampling": ("sampling: same distribution as plain decoding, different random draws",
                  "amostragem: mesma distribuição da decodificação comum, sorteios diferentes"),
     "identical": ("output <b>identical</b> to plain decoding ✓", "saída <b>idêntica</b> à decodificação comum ✓"),
+    "status_none": ("No model loaded yet.", "Nenhum modelo carregado ainda."),
+    "status_replay": ("No model loaded: replay a trace, or pick a pair and press Load.",
+                      "Nenhum modelo carregado: reproduza um traço, ou escolha um par e clique em Carregar."),
+    "status_loading": ("Loading {spec}…", "Carregando {spec}…"),
+    "status_progress": ("Loading: {message} ({fraction:.0%})", "Carregando: {message} ({fraction:.0%})"),
+    "status_checking": ("Checking {model}…", "Verificando {model}…"),
+    "status_busy": ("Another pair is loading right now; try again when it is ready.",
+                    "Outro par está carregando agora; tente de novo quando estiver pronto."),
+    "status_ready": ("Ready: {target} ← {draft} on {device} (target {weights}; draft {draft_weights}), loaded in "
+                     "{seconds:.1f} s.", "Pronto: {target} ← {draft} em {device} (alvo {weights}; rascunho "
+                     "{draft_weights}), carregado em {seconds:.1f} s."),
+    "status_failed": ("Could not load {spec}: {reason}", "Não foi possível carregar {spec}: {reason}"),
+    "status_still": (" Still serving the previous pair. ", " O par anterior continua servindo. "),
+    "status_gpu": (" Timed here: a draft step costs {c:.2f} of a target step, so at acceptance {a} the cost model "
+                   "expects {gain:.2f}× (K={k}).", " Medido aqui: um passo do rascunho custa {c:.2f} de um passo do "
+                   "alvo, então com aceitação {a} o modelo de custo prevê {gain:.2f}× (K={k})."),
+    "status_gpu_small": (" Speculative decoding gains little with this pair on this GPU: its target is too fast next "
+                         "to the draft. A larger target (the 7B preset) shows the effect.",
+                         " A decodificação especulativa ganha pouco com este par nesta GPU: o alvo é rápido demais "
+                         "perto do rascunho. Um alvo maior (o par 7B) mostra o efeito."),
+    "no_model_pick": ("No model is loaded: pick a pair and press Load.",
+                      "Nenhum modelo carregado: escolha um par e clique em Carregar."),
     "differ": ("outputs differ", "as saídas diferem"),
     "differ_at": ("outputs part at token {n}: plain decoding took {a} (logit {la:.3f}), speculative {b} (logit {lb:.3f}), "
                   "a near-tie that this target computes differently in a one-token step and in a verification pass",

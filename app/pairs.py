@@ -7,8 +7,10 @@ import time
 from pathlib import Path
 
 from specdec_core import load_pair
-from specdec_core.timing import probe_costs
 from specdec_core.theory import expected_speedup
+from specdec_core.timing import probe_costs
+
+from .i18n import t
 
 PRESETS = {
     "Bundled: Qwen2.5-Coder 1.5B ← 0.5B (offline, CPU)": "bundled",
@@ -85,13 +87,24 @@ class PairManager:
         self.allow_custom, self.allowlist = allow_custom, allowlist
         self.pair = None
         self.spec = None
-        self.status = "No model loaded yet."
+        self.says: list[tuple[str, dict]] = [("status_none", {})]  # the status: text keys and their values
         self.failed = False  # the status reports a failed load (shown as an error)
         self.loading = False
         self._lock = threading.Lock()
 
+    def say(self, key: str, **values) -> None:
+        self.says = [(key, values)]
+
+    def status_text(self, lang: str = "en") -> str:
+        return "".join(t(key, lang, **values) for key, values in self.says)
+
+    @property
+    def status(self) -> str:
+        """The status in English: for the terminal, logs and the API."""
+        return self.status_text("en")
+
     def _progress(self, fraction: float, message: str) -> None:
-        self.status = f"Loading: {message} ({fraction:.0%})"
+        self.say("status_progress", message=message, fraction=fraction)
 
     def check_allowed(self, spec: str) -> tuple[str, str | None]:
         target, draft = parse_spec(spec)
@@ -104,30 +117,31 @@ class PairManager:
     def load(self, spec: str) -> str:
         """Load `spec` and make it current; returns a status line. Never raises."""
         if not self._lock.acquire(blocking=False):
-            return "Another pair is loading right now; try again when it is ready."
+            return t("status_busy")
         self.loading, self.failed = True, False
-        previous = self.status if self.pair is not None else None
+        previous = self.says if self.pair is not None else []
         try:
             target, draft = self.check_allowed(spec)
             if draft is not None:
                 for model_id in (target, draft):
-                    self.status = f"Checking {model_id}…"
+                    self.say("status_checking", model=model_id)
                     check_model_id(model_id, MEMORY_BUDGET_GB * 1e9)
             t0 = time.perf_counter()
             pair = load_pair(target, draft, device=self.device, dtype=self.dtype, progress=self._progress,
                              graphs=self.graphs, target_quant=self.target_quant)
             seconds = time.perf_counter() - t0
-            verdict = self.gpu_verdict(pair) if self.probe and pair.device.type == "cuda" else ""
+            verdict = self.gpu_verdict(pair) if self.probe and pair.device.type == "cuda" else []
             self.pair, self.spec = pair, spec
             dtype = str(pair.dtype).replace("torch.", "")
-            self.status = (f"Ready: {pair.info.get('target')} ← {pair.info.get('draft')} on {pair.device} "
-                           f"(target {pair.info.get('target_weights', dtype)}; draft {pair.info.get('draft_quant', dtype)}), "
-                           f"loaded in {seconds:.1f} s.{verdict}")
+            self.says = [("status_ready", dict(target=pair.info.get("target"), draft=pair.info.get("draft"),
+                                               device=pair.device, weights=pair.info.get("target_weights", dtype),
+                                               draft_weights=pair.info.get("draft_quant", dtype), seconds=seconds))]
+            self.says += verdict
         except Exception as err:  # a failed load must leave the app serving the previous pair
             reason = str(err) if isinstance(err, (ValueError, RuntimeError, OSError)) else repr(err)
             self.failed = True
-            self.status = f"Could not load {spec}: {reason}" + (f" Still serving the previous pair. {previous}"
-                                                                  if previous else "")
+            self.says = [("status_failed", dict(spec=spec, reason=reason))] + (
+                [("status_still", {}), *previous] if previous else [])
         finally:
             self.loading = False
             self._lock.release()
@@ -135,20 +149,17 @@ class PairManager:
         return self.status
 
     @staticmethod
-    def gpu_verdict(pair, a: float = 0.8) -> str:
+    def gpu_verdict(pair, a: float = 0.8) -> list[tuple[str, dict]]:
         """Whether drafting pays on this GPU, from the draft's and the verify pass's costs timed here."""
         costs = probe_costs(pair)
         gain = expected_speedup(a, costs["k"], costs["c"], costs["v"])
         pair.info["costs"] = costs
-        words = (f" Timed here: a draft step costs {costs['c']:.2f} of a target step, so at acceptance {a} the "
-                 f"cost model expects {gain:.2f}× (K={costs['k']}).")
-        if gain < 1.2:
-            words += (" Speculative decoding gains little with this pair on this GPU: its target is too fast next "
-                      "to the draft. A larger target (the 7B preset) shows the effect.")
-        return words
+        words = [("status_gpu", dict(c=costs["c"], a=a, gain=gain, k=costs["k"]))]
+        return words + [("status_gpu_small", {})] if gain < 1.2 else words
 
     def load_in_background(self, spec: str) -> threading.Thread:
-        self.status, self.spec, self.failed = f"Loading {spec}…", spec, False
+        self.spec, self.failed = spec, False
+        self.say("status_loading", spec=spec)
         thread = threading.Thread(target=self.load, args=(spec,), daemon=True)
         thread.start()
         return thread

@@ -76,9 +76,9 @@ def example_prompts() -> list[str]:
     return [json.loads(line)["prompt"] for line in lines if line.strip()]
 
 
-def status_html(manager) -> str:
-    """The pair's state, escaped (it can quote a model id a visitor typed)."""
-    return message_html(manager.status, "error" if manager.failed else "info")
+def status_html(manager, lang: str = "en") -> str:
+    """The pair's state in `lang`, escaped (it can quote a model id a visitor typed)."""
+    return message_html(manager.status_text(lang), "error" if manager.failed else "info")
 
 
 def build_pair_bar(manager, tx: Texts):
@@ -275,17 +275,16 @@ def build(manager, limits=None) -> tuple[gr.Blocks, Texts]:
         stop.click(None, cancels=[run, submit])
         wire_teaching(teaching, manager, state, controls, prompt, outputs, [run, submit])
 
-        def switch(preset, custom_spec):
+        def switch(preset, custom_spec, language):
             spec = custom_spec.strip() if custom_spec and custom_spec.strip() else PRESETS.get(preset)
             if not spec:
-                return message_html("Pick a pair from the list or type TARGET_ID,DRAFT_ID.", "error")
+                return message_html(t("pick_pair", language), "error")
             manager.load(spec)
-            return status_html(manager)
+            return status_html(manager, language)
 
-        load.click(lambda: message_html("Loading… the current pair keeps serving until the new one is ready."),
-                   None, status, api_visibility="private").then(switch, [choice, custom], status,
-                                                               api_visibility="private")
-        gr.Timer(1.0).tick(partial(status_html, manager), None, status, api_visibility="private",
+        load.click(lambda language: message_html(t("loading_keeps", language)), lang, status,
+                   api_visibility="private").then(switch, [choice, custom, lang], status, api_visibility="private")
+        gr.Timer(1.0).tick(partial(status_html, manager), lang, status, api_visibility="private",
                            show_progress="hidden", queue=False)
 
         def api(*args, **kwargs) -> dict:

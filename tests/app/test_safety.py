@@ -63,7 +63,7 @@ def test_a_failed_load_leaves_the_previous_pair_serving():
     assert "Could not load" in status and "Still serving" in status
     assert manager.pair is pair
     assert "msg-error" in status_html(manager)  # the status says it failed by a field, not by its wording
-    manager.status = "Could not load is only text here"
+    manager.say("status_failed", spec="a pair", reason="only text here")
     manager.failed = False
     assert "msg-info" in status_html(manager)
     assert generate(pair, "still works", SpecConfig(max_new_tokens=4)).token_ids
@@ -131,3 +131,23 @@ def test_same_model_as_draft_and_target_accepts_everything(tiny):
     pair = with_eos(dataclasses.replace(tiny, draft=tiny.target), [])
     out = generate(pair, "hello", SpecConfig(k=5, max_new_tokens=30, temperature=0.9, seed=1))
     assert out.stats.acceptance_rate == 1.0
+
+
+def test_the_pair_status_speaks_the_visitors_language():
+    """Every status the pair manager reports is said in both languages (none stays English in Portuguese)."""
+    manager = PairManager("cpu", "float32")
+    said = {"none": (manager.status_text("en"), manager.status_text("pt"))}
+    manager.load_in_background("tiny").join()
+    said["ready"] = (manager.status_text("en"), manager.status_text("pt"))
+    manager.load("no-such-org/no-such-model,no-such-org/other")
+    said["failed"] = (manager.status_text("en"), manager.status_text("pt"))
+    manager.say("status_replay")
+    said["replay"] = (manager.status_text("en"), manager.status_text("pt"))
+    manager.say("status_progress", message="joining", fraction=0.5)
+    said["progress"] = (manager.status_text("en"), manager.status_text("pt"))
+    assert said["ready"][0].startswith("Ready: ") and said["ready"][1].startswith("Pronto: ")
+    assert "Could not load" in said["failed"][0] and "Não foi possível carregar" in said["failed"][1]
+    for name, (en, pt) in said.items():
+        assert en != pt, name
+    assert manager.status == manager.status_text("en")  # the English text stays for logs and the terminal
+    assert "Carregando: joining (50%)" in status_html(manager, "Português (Brasil)")

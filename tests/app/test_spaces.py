@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from app import handlers
+from app.i18n import t
 from app.pairs import PairManager
 
 from ..conftest import with_eos
@@ -71,6 +72,8 @@ def test_zero_gpu_compiles_nothing_at_start_up(monkeypatch, env, graphs, probe):
 
 def test_the_status_line_says_when_drafting_cannot_pay(tiny):
     same = dataclasses.replace(tiny, draft=tiny.target, info={})  # a draft as dear as the target
-    words = PairManager.gpu_verdict(same)
+    said = PairManager.gpu_verdict(same)
+    words, palavras = ("".join(t(key, lang, **values) for key, values in said) for lang in ("en", "pt"))
     assert "a draft step costs" in words and "gains little" in words
+    assert "um passo do rascunho custa" in palavras and "ganha pouco" in palavras
     assert same.info["costs"]["c"] > 0.5

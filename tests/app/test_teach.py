@@ -77,7 +77,8 @@ def test_results_follow_the_language(tiny):
 
 
 def test_the_language_switch_updates_every_registered_component(tiny):
-    manager = SimpleNamespace(pair=tiny, status="Ready", spec="tiny", allow_custom=True, loading=False, failed=False)
+    manager = SimpleNamespace(pair=tiny, status_text=lambda lang: "Ready", spec="tiny", allow_custom=True, loading=False,
+                              failed=False)
     _, tx = build(manager)
     en, pt = tx.updates("English"), tx.updates("Português (Brasil)")
     assert len(en) == len(tx.components) >= 45

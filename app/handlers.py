@@ -11,7 +11,7 @@ import gradio as gr
 from specdec_core.sampling import NonFiniteLogitsError
 
 from . import plots
-from .i18n import t
+from .i18n import said, t
 from .limits import visitor_of
 from .race import Race, advance, run, start_race
 from .render import message_html, pane_html, pieces
@@ -86,7 +86,7 @@ def race_stream(manager, limits, prompt, settings: dict, request: gr.Request = N
         with admitted(limits, request, wanted):
             yield from _drive(race, wanted.lang)
     except ValueError as err:
-        yield empty_view(str(err))
+        yield empty_view(said(err, settings.get("lang") or "en"))
 
 
 @on_gpu
@@ -100,10 +100,10 @@ def _drive(race: Race, lang: str):
                 yield view(race, lang, plots_due)
                 last_ui, last_plots = now, now if plots_due else last_plots
     except NonFiniteLogitsError as err:
-        yield view(race, lang, True, f"Stopped: {err}. Try float32 or bfloat16 instead of float16.")
+        yield view(race, lang, True, t("stopped_nan", lang, err=err))
         return
     except Exception as err:  # out of memory, a broken checkpoint...: say so, keep serving
-        yield view(race, lang, True, f"Stopped: the generation failed ({err.__class__.__name__}: {err}).")
+        yield view(race, lang, True, t("stopped_failed", lang, err=f"{err.__class__.__name__}: {err}"))
         return
     yield view(race, lang, True)
 

@@ -178,6 +178,16 @@ do alvo para cada um."""),
                          "to the draft. A larger target (the 7B preset) shows the effect.",
                          " A decodificação especulativa ganha pouco com este par nesta GPU: o alvo é rápido demais "
                          "perto do rascunho. Um alvo maior (o par 7B) mostra o efeito."),
+    "one_at_a_time": ("You already have a generation running: wait for it to finish or press Stop.",
+                      "Você já tem uma geração em andamento: espere ela terminar ou clique em Parar."),
+    "allowance": ("This would exceed your allowance of {limit:,} tokens per hour ({used:,} used). Ask for fewer "
+                  "tokens or come back later.", "Isso passaria do seu limite de {limit:,} tokens por hora ({used:,} "
+                  "usados). Peça menos tokens ou volte mais tarde."),
+    "stopped_nan": ("Stopped: {err}. Try float32 or bfloat16 instead of float16.",
+                    "Parado: {err}. Tente float32 ou bfloat16 em vez de float16."),
+    "stopped_failed": ("Stopped: the generation failed ({err}).", "Parado: a geração falhou ({err})."),
+    "export_first": ("Finish a generation first; then its trace can be exported.",
+                     "Termine uma geração primeiro; depois o traço dela pode ser exportado."),
     "no_model_pick": ("No model is loaded: pick a pair and press Load.",
                       "Nenhum modelo carregado: escolha um par e clique em Carregar."),
     "differ": ("outputs differ", "as saídas diferem"),
@@ -331,3 +341,20 @@ def t(key: str, lang: str = "en", **values) -> str:
     en, pt = TEXT[key]
     text = pt if code(lang) == "pt" else en
     return text.format(**values) if values else text
+
+
+class Said(ValueError):
+    """A refusal the visitor reads in their language: a text key and its values. str() is the English text
+    (the API, logs); text(lang) is what the page shows."""
+
+    def __init__(self, key: str, **values):
+        super().__init__(t(key, "en", **values))
+        self.key, self.values = key, values
+
+    def text(self, lang: str) -> str:
+        return t(self.key, lang, **self.values)
+
+
+def said(err: Exception, lang: str) -> str:
+    """An error's message in `lang` when it was said with a key, else as it was raised."""
+    return err.text(lang) if isinstance(err, Said) else str(err)

@@ -6,6 +6,8 @@ import time
 from collections import defaultdict, deque
 from contextlib import contextmanager
 
+from .i18n import Said
+
 
 def visitor_of(request) -> str:
     """The client's address (first hop of X-Forwarded-For behind a proxy such as Spaces)."""
@@ -33,11 +35,10 @@ class VisitorLimits:
             while spent and now - spent[0][0] > self.window_s:
                 spent.popleft()
             if self._active[visitor] >= self.concurrent:
-                raise ValueError("You already have a generation running: wait for it to finish or press Stop.")
+                raise Said("one_at_a_time")
             used = sum(t for _, t in spent)
             if used + tokens > self.tokens_per_hour:
-                raise ValueError(f"This would exceed your allowance of {self.tokens_per_hour:,} tokens per hour "
-                                 f"({used:,} used). Ask for fewer tokens or come back later.")
+                raise Said("allowance", limit=self.tokens_per_hour, used=used)
             self._active[visitor] += 1
             spent.append((now, tokens))
         try:

@@ -113,9 +113,9 @@ def sweep(manager, prompt, settings: dict, temperatures=False):
     yield message_html(t("sweep_done", lang, k=best[1], temp=best[0], x=best[2]), "info"), sweep_figure(series, lang)
 
 
-def export(race):
+def export(race, lang: str = "en"):
     if race is None or not race.done:
-        raise gr.Error("Finish a generation first; then its trace can be exported.")
+        raise gr.Error(t("export_first", lang))
     path = Path(tempfile.mkdtemp()) / f"specdec-trace-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(to_trace(race)))
     return str(path)

@@ -224,7 +224,7 @@ def wire_teaching(panel, manager, state, controls, prompt, outputs, runs):
     panel["sweep"].click(sweep, controls.inputs(prompt, panel["temps"]), [panel["sweep_note"], panel["theory_plot"]],
                          concurrency_id="gpu", **private)
     panel["step"].click(one_round, controls.inputs(state, prompt), outputs, concurrency_id="gpu", **private)
-    panel["export"].click(teach.export, state, panel["trace_out"], **private)
+    panel["export"].click(teach.export, [state, lang], panel["trace_out"], **private)
     panel["replay"].click(teach.replay, [panel["trace_in"], panel["speed"], lang], outputs, **private)
 
 

@@ -95,14 +95,16 @@ def test_switching_pairs_mid_generation_does_not_disturb_the_running_one(tiny):
 def test_visitor_limits():
     limits = VisitorLimits(tokens_per_hour=100)
     with limits.admit("a", 60):
-        with pytest.raises(ValueError, match="already have a generation"):
+        with pytest.raises(ValueError, match="already have a generation") as refused:
             with limits.admit("a", 10):
                 pass
+        assert "Você já tem uma geração" in refused.value.text("Português (Brasil)")  # said in the visitor's language
         with limits.admit("b", 60):  # another visitor is independent
             pass
-    with pytest.raises(ValueError, match="allowance"):
+    with pytest.raises(ValueError, match="allowance") as refused:
         with limits.admit("a", 60):
             pass
+    assert "100 tokens por hora" in refused.value.text("pt")
     with limits.admit("a", 40):  # what is left still works
         pass
 

@@ -60,19 +60,27 @@ def pass_ms(pair, role: str, context: int, n: int, reps: int = 10) -> float:
     return passes_ms(pair, role, context, (n,), reps)[n]
 
 
+def median_ms(run, device, reps: int = 10, warm: int = 3, after=None) -> float:
+    """Median milliseconds of `run()` on `device` over `reps` calls, after `warm` that warm up (and compile, when
+    compiled); `after()` runs between calls, untimed."""
+    clock, times = Clock(device), []
+    for _ in range(reps + warm):
+        clock.lap(sync=True)
+        run()
+        times.append(clock.lap(sync=True))
+        if after is not None:
+            after()
+    return statistics.median(times[warm:]) * 1000
+
+
 def passes_ms(pair, role: str, context: int, sizes, reps: int = 10, warm: int = 3) -> dict[int, float]:
     """pass_ms for several sizes, after one prefill: {n: median milliseconds}."""
     lm = pair.cached(role)
     lm.prefill(list(range(1, context)))
-    clock, out = Clock(lm.device), {}
+    out = {}
     for n in sizes:
-        x, times = torch.ones(n, dtype=torch.long, device=lm.device), []
-        for _ in range(reps + warm):  # the first calls warm up (and compile, when compiled)
-            clock.lap(sync=True)
-            lm.forward(x, keep=n)
-            times.append(clock.lap(sync=True))
-            lm.crop(context - 1)
-        out[n] = statistics.median(times[warm:]) * 1000
+        x = torch.ones(n, dtype=torch.long, device=lm.device)
+        out[n] = median_ms(lambda: lm.forward(x, keep=n), lm.device, reps, warm, after=lambda: lm.crop(context - 1))
     return out
 
 

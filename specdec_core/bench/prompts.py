@@ -24,9 +24,8 @@ from ..engine import encode_request
 from ..models import first_divergence
 from ..models.quant import QUANT_MODES
 from ..sampling import warp
-from ..theory import measured_costs
-from ..timing import Clock, pass_ms, passes_ms
-from ..theory import predicted_speedup
+from ..theory import measured_costs, predicted_speedup
+from ..timing import median_ms, pass_ms, passes_ms
 
 NOT_FLAGS = ("chat", "record_top", "tree_nodes")  # SpecConfig's fields that are not flags (--tree takes a list)
 STAT_KEYS = ("tokens", "seconds", "tokens_per_s")
@@ -192,21 +191,13 @@ def draft_step_table(pair, context: int = 128, reps: int = 30) -> dict:
     what is left of a step timed without hooks is Python and dispatch outside those modules."""
     lm, model = pair.cached("draft"), pair.draft
     lm.prefill(list(range(1, context)))
-    x, clock = torch.ones(1, dtype=torch.long, device=lm.device), Clock(lm.device)
-
-    def median_ms(run) -> float:
-        times = []
-        for _ in range(reps + 3):
-            clock.lap(sync=True)
-            run()
-            times.append(clock.lap(sync=True))
-        return statistics.median(times[3:]) * 1000
+    x = torch.ones(1, dtype=torch.long, device=lm.device)
 
     def step():
         lm.forward(x, keep=1)
         lm.crop(context - 1)
 
-    total = median_ms(step)
+    total = median_ms(step, lm.device, reps)
     layers = model.get_decoder().layers
     parts = {"attention": [m.self_attn for m in layers], "mlp": [m.mlp for m in layers],
              "norms": [n for m in layers for n in (m.input_layernorm, m.post_attention_layernorm)]
@@ -230,7 +221,7 @@ def draft_step_table(pair, context: int = 128, reps: int = 30) -> dict:
     table = {name: {"ms": spent[name] / reps * 1000,
                     "mb": sum(t.numel() * t.element_size() for m in modules for t in [*m.parameters(), *m.buffers()]) / 1e6}
              for name, modules in parts.items()}
-    table["sampling"] = {"ms": median_ms(lambda: warp(logits, 0.0)[0].argmax(-1)), "mb": 0.0}
+    table["sampling"] = {"ms": median_ms(lambda: warp(logits, 0.0)[0].argmax(-1), lm.device, reps), "mb": 0.0}
     table["python and dispatch"] = {"ms": max(total - sum(v["ms"] for name, v in table.items() if name != "sampling"), 0.0),
                                     "mb": 0.0}
     return {"context": context, "step_ms": total, "target_step_ms": pass_ms(pair, "target", context, 1), "parts": table}

@@ -36,10 +36,11 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
         raise ValueError(f"graphs must be auto, off, inductor or cudagraphs, got {graphs!r}")
     if target_quant not in ("auto", "off", "int8"):
         raise ValueError(f"target_quant must be auto, off or int8, got {target_quant!r}")
+    as_built = target == "tiny"  # the tiny test pair runs as built: tests compare it with models built the same way
     if target_quant == "auto":
-        target_quant = "int8" if dev.type == "cpu" and target != "tiny" else "off"
+        target_quant = "int8" if dev.type == "cpu" and not as_built else "off"
     folders = {}  # the bundled models keep their quantised weights beside their own
-    if target == "tiny":  # as built, since tests compare it with models built the same way
+    if as_built:
         from .tiny import tiny_models
         t, d, tok = tiny_models()
         progress(1.0, "tiny pair ready")
@@ -61,7 +62,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
         path, source = saved("draft", f"draft-{quant_mode}.safetensors")
         cheapen_draft(pair.draft, mode=quant_mode, saved=path, source=source)
         pair.info["draft_quant"] = quant_label(pair.draft, quant_mode)
-    if pair.draft is not None and dev.type == "cpu" and target != "tiny":
+    if pair.draft is not None and dev.type == "cpu" and not as_built:
         # SDPA would repeat the key/value heads over the whole cache every step: a draft step at 1,000 tokens of
         # context would cost nearly twice one at 128 (docs/benchmarks.md); the draft changes only speed
         pair.draft.set_attn_implementation(GROUPED)
@@ -71,7 +72,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
             raise ValueError("target_quant='int8' runs on CPUs only.")
         quantise_target(pair.target, *saved("target", "target-int8.safetensors"))
         pair.info["target_weights"] = "int8, exact: the same logits in a step and in a pass"
-    if cpu_bf16 and target != "tiny":  # every remaining Linear weight prepacked for oneDNN (same numbers, faster)
+    if cpu_bf16 and not as_built:  # every remaining Linear weight prepacked for oneDNN (same numbers, faster)
         for role in ("target", "draft"):
             model = getattr(pair, role)
             if model is not None and can_pack(model):

@@ -1,19 +1,14 @@
 """Start `python app.py` on the tiny pair in a subprocess, for end-to-end and browser tests."""
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from specdec_core.bench.startup import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 OUTPUT = ROOT / "test-output"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class AppProcess:

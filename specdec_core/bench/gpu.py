@@ -39,7 +39,6 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from .. import SpecConfig, autoregressive_generate, generate, load_pair, speculative_generate, summarize
 from ..models import enable_graphs, make_pair, pick_device
 from ..models.attention import GROUPED
-
 from ..models.tiny import tiny_models, tiny_tokenizer
 from ..race import interleave
 from ..theory import expected_speedup

@@ -8,7 +8,7 @@ from typing import Callable
 
 import torch
 
-from ..cache import CachedModel, SharedHead, CompiledForward
+from ..cache import CachedModel, CompiledForward, SharedHead
 from ..text import template_head
 from ..theory import PassCosts
 

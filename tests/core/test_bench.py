@@ -4,8 +4,8 @@ import json
 import pytest
 
 from specdec_core import SpecConfig
-from specdec_core.bench import prompts as bench
 from specdec_core.bench import gpu as gpu_bench
+from specdec_core.bench import prompts as bench
 from specdec_core.engine import encode_request
 
 from ..conftest import with_eos

@@ -5,8 +5,7 @@ import math
 import pytest
 
 from specdec_core import SpecConfig, autoregressive_generate, generate, speculative_generate
-from specdec_core.drafters import ModelDrafter, PromptLookupDrafter
-from specdec_core.drafters import make_drafter
+from specdec_core.drafters import ModelDrafter, PromptLookupDrafter, make_drafter
 
 from ..conftest import with_eos
 

@@ -51,7 +51,7 @@ def view(race: Race, lang: str = "en", with_plots: bool = True, note: str = "") 
     plain, spec = race.plain.stats, race.spec.stats  # summarised once per update: this runs beside the models
     summary = plots.summary_html(plain, spec, race.identical, not race.done, lang, race.parted)
     panes = [pane_html(lane_pieces(race, lane, lang), t("waiting", lang)) for lane in (race.plain, race.spec)]
-    tree = tree_html(next((e for e in reversed(race.spec.events) if e.parents is not None), None), race.label, lang)
+    tree = tree_html(next((e for e in reversed(race.spec.events) if e.drafted), None), race.label, lang)
     figs = ((plots.race_figure(race.plain.events, race.spec.events, lang), plots.speed_figure(plain, spec, lang),
              plots.rounds_figure(race.spec.events, lang), plots.position_figure(spec, lang))
             if with_plots else (gr.skip(),) * 4)

@@ -14,56 +14,48 @@ from .tree import states
 
 
 def row_of(e: RoundEvent, i: int) -> int:
-    """The row of e.target_top that judged draft position (a tree's node) i; i == len(drafted): the target's token."""
-    if e.parents is None:
-        return i
+    """The row of e.target_top that judged node i; i == len(drafted): the row the target's token came from."""
     if i < len(e.drafted):
         return e.parents[i] + 1
     return e.path[-1] + 1 if e.path else 0
 
 
-def tree_text(e: RoundEvent, i: int, label, lang: str) -> str:
-    """What happened at node i of a tree round, in words."""
-    x = repr(label(e.drafted[i]))
-    kind = states(e)[i]
-    if kind == "unreached":
-        beaten = any(j in e.path for j in range(i) if e.parents[j] == e.parents[i])
-        return t("tree_beaten" if beaten else "tree_cut", lang)
-    if e.greedy:
-        top = e.target_top[row_of(e, i)]
-        y = repr(label(top[0][0])) if top else "?"
-        return t("greedy_same" if kind == "accepted" else "tree_greedy_diff", lang, x=x, y=y)
-    a = e.accept_probs[i]
-    text = t("sampled", lang, x=x, q=e.q_drafted[i], p=e.p_drafted[i], a=a, u=e.uniforms[i])
-    return text + (t("sampled_ok", lang, a=a) if kind == "accepted" else t("tree_next", lang, a=a))
+def replaced(e: RoundEvent) -> int | None:
+    """The node whose rejection the target's token replaced: the last choice judged where the path ends."""
+    if e.token_kind != "replacement":
+        return None
+    end = e.path[-1] if e.path else -1
+    return max((i for i, parent in enumerate(e.parents) if parent == end), default=None)
 
 
 def where_text(e: RoundEvent, i: int, rounds: int, lang: str = "en") -> str:
-    """Which round, and which position (a tree's node: its depth and its rank among its siblings), in words."""
-    if e.parents is None or i >= len(e.drafted):
-        return t("where", lang, r=e.round, n=rounds, i=i + 1, m=len(e.drafted) + 1)
+    """Which round, and which node: its depth and, beside siblings, its rank among them, in words."""
+    if i >= len(e.drafted):
+        return t("where_token", lang, r=e.round, n=rounds)
     siblings = [j for j, parent in enumerate(e.parents) if parent == e.parents[i]]
-    return t("tree_where", lang, r=e.round, n=rounds, i=i + 1, m=len(e.drafted), d=e.depth_of(i),
-             j=siblings.index(i) + 1, s=len(siblings))
+    text = t("where", lang, r=e.round, n=rounds, i=i + 1, m=len(e.drafted), d=e.depth_of(i))
+    return text + (t("where_choice", lang, j=siblings.index(i) + 1, s=len(siblings)) if len(siblings) > 1 else "")
 
 
 def decision_text(e: RoundEvent, i: int, label, lang: str = "en") -> str:
-    """What happened at draft position i (0-based) of round e, in words; i == len(drafted) is the target's token."""
-    if e.parents is not None and i < len(e.drafted):
-        return tree_text(e, i, label, lang)
-    n = e.accepted
-    if i >= len(e.drafted) or i > n:
-        if i > n and i < len(e.drafted):
-            return t("discarded", lang, i=i + 1, j=n + 1)
+    """What happened at node i (0-based) of round e, in words; i == len(drafted) is the target's token."""
+    if i >= len(e.drafted):
         return t("bonus_token" if e.token_kind == "bonus" else "own_token", lang, x=repr(label(e.token)), p=e.p_token)
-    x, p, q = repr(label(e.drafted[i])), e.p_drafted[i], e.q_drafted[i]
+    x, kind = repr(label(e.drafted[i])), states(e)[i]
+    if kind == "unreached":
+        beaten = any(j in e.path for j in range(i) if e.parents[j] == e.parents[i])
+        return t("tree_beaten" if beaten else "tree_cut", lang)
+    last = i == replaced(e)  # the target's token was drawn after this rejection
     if e.greedy:
-        y = repr(label(e.target_top[i][0][0])) if e.target_top[i] else "?"
-        return t("greedy_same" if i < n else "greedy_diff", lang, x=x, y=y)
-    a, u = e.accept_probs[i], e.uniforms[i]
-    text = t("sampled", lang, x=x, q=q, p=p, a=a, u=u)
-    if i < n:
+        top = e.target_top[row_of(e, i)]
+        y = repr(label(top[0][0])) if top else "?"
+        return t("greedy_same" if kind == "accepted" else "greedy_diff" if last else "tree_greedy_diff", lang, x=x, y=y)
+    a = e.accept_probs[i]
+    text = t("sampled", lang, x=x, q=e.q_drafted[i], p=e.p_drafted[i], a=a, u=e.uniforms[i])
+    if kind == "accepted":
         return text + t("sampled_ok", lang, a=a)
+    if not last:
+        return text + t("tree_next", lang, a=a)
     top = ", ".join(f"{label(tok)!r} {v:.2f}" for tok, v in (e.residual_top or [])[:3])
     return text + t("sampled_no", lang, a=a, y=repr(label(e.token)), top=top)
 
@@ -86,7 +78,7 @@ def decision_figure(e: RoundEvent, i: int, label, lang: str = "en") -> go.Figure
     if q_top:
         fig.add_bar(x=names, y=[q_top.get(tok, 0) for tok in ids], name=t("f_q", lang), marker_color=DRAFT_COLOR,
                     marker_line=dict(width=outline, color="#000"))
-    if e.residual_top and i == (e.accepted if e.parents is None else len(e.drafted)):
+    if e.residual_top and i in (replaced(e), len(e.drafted)):
         r = dict(e.residual_top)
         fig.add_bar(x=names, y=[r.get(tok, 0) for tok in ids], name=t("f_residual", lang), marker_color=AR_COLOR)
     return fig
@@ -116,7 +108,7 @@ def tree_theory_figure(events: list[RoundEvent], lang: str = "en") -> go.Figure:
     """Per tree round: the tokens the draft expected the target to accept (its path probabilities) and the
     tokens it accepted."""
     fig = _fig(t("f_tree_theory", lang), xaxis_title=t("f_round", lang), yaxis_title=t("f_accepted_tokens", lang))
-    rounds = [e for e in events if e.parents is not None]
+    rounds = [e for e in events if e.drafted]
     if not rounds:
         return fig
     mean = lambda values: sum(values) / len(values)

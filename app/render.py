@@ -49,45 +49,26 @@ def pieces(events: list[RoundEvent], texts: list[str], tail: str, label, lang: s
 
 
 def round_pieces(e: RoundEvent, text, label, lang: str, tail: str = "") -> list[Piece]:
-    """The pieces one round adds to a pane, in the order the audience should read them. A tree round shows
-    its accepted path and the choices rejected where the path ends; the tree view shows the rest."""
-    if e.parents is not None:
-        return tree_pieces(e, text, label, lang, tail)
-    out: list[Piece] = []
-    n = e.accepted
-    for i in range(min(n, len(e.committed))):
-        tip = (t("tip_accepted_greedy", lang, r=e.round, i=i + 1) if e.greedy else
-               t("tip_accepted", lang, r=e.round, i=i + 1, p=e.p_drafted[i], q=e.q_drafted[i], a=e.accept_probs[i]))
-        out.append(Piece(next(text), "accepted", tip, e.round, i + 1))
-    if n < len(e.drafted) and len(e.committed) > n:  # a rejection happened (and was not cut by EOS)
-        tip = (t("tip_rejected_greedy", lang) if e.greedy else
-               t("tip_rejected", lang, p=e.p_drafted[n], q=e.q_drafted[n], a=e.accept_probs[n], u=e.uniforms[n]))
-        out.append(Piece(visible(label(e.drafted[n])), "rejected", tip, e.round, n + 1))
-        for j, tok in enumerate(e.drafted[n + 1:], start=n + 2):
-            out.append(Piece(visible(label(tok)), "discarded", t("tip_discarded", lang), e.round, j))
-    if len(e.committed) > n:
-        kind = e.token_kind if e.method == "speculative" else "target"
-        # a replacement is explained by the rejection it follows
-        out.append(Piece(next(text), kind, t(TIPS[kind], lang, p=e.p_token), e.round,
-                         {"replacement": n + 1, "bonus": len(e.drafted) + 1}.get(kind, 0)))
-    return out + ending(e, out, lang, tail)
-
-
-def tree_pieces(e: RoundEvent, text, label, lang: str, tail: str) -> list[Piece]:
+    """The pieces one round adds to a pane, in the order the audience should read them: the accepted path, then
+    (after a rejection) the choices rejected where it ends, each followed by what the draft had planned after it
+    (its first children, discarded unchecked), then the target's token. The tree view shows the other branches."""
     out: list[Piece] = []
     for depth, i in enumerate(e.path[: len(e.committed)], start=1):
         tip = (t("tip_accepted_greedy", lang, r=e.round, i=depth) if e.greedy else
                t("tip_accepted", lang, r=e.round, i=depth, p=e.p_drafted[i], q=e.q_drafted[i], a=e.accept_probs[i]))
         out.append(Piece(next(text), "accepted", tip, e.round, i + 1))
-    if len(e.committed) > len(e.path):
-        end = e.path[-1] if e.path else -1
-        for i, parent in enumerate(e.parents):  # every choice judged at the path's end was rejected
-            if parent == end:
-                tip = (t("tip_rejected_greedy", lang) if e.greedy else
-                       t("tip_rejected", lang, p=e.p_drafted[i], q=e.q_drafted[i], a=e.accept_probs[i], u=e.uniforms[i]))
-                out.append(Piece(visible(label(e.drafted[i])), "rejected", tip, e.round, i + 1))
-        out.append(Piece(next(text), e.token_kind, t(TIPS[e.token_kind], lang, p=e.p_token), e.round,
-                         len(e.drafted) + 1))
+    if len(e.committed) <= len(e.path):  # cut by an EOS on the path
+        return out + ending(e, out, lang, tail)
+    end, pos = e.path[-1] if e.path else -1, len(e.drafted) + 1  # the target's token, inspected at the end
+    for i in [i for i, parent in enumerate(e.parents) if parent == end]:  # every choice judged here was rejected
+        pos = i + 1  # a replacement is explained by the last rejection, whose residual it was drawn from
+        tip = (t("tip_rejected_greedy", lang) if e.greedy else
+               t("tip_rejected", lang, p=e.p_drafted[i], q=e.q_drafted[i], a=e.accept_probs[i], u=e.uniforms[i]))
+        out.append(Piece(visible(label(e.drafted[i])), "rejected", tip, e.round, i + 1))
+        while (i := next((j for j, parent in enumerate(e.parents) if parent == i), None)) is not None:
+            out.append(Piece(visible(label(e.drafted[i])), "discarded", t("tip_discarded", lang), e.round, i + 1))
+    kind = e.token_kind if e.method == "speculative" else "target"
+    out.append(Piece(next(text), kind, t(TIPS[kind], lang, p=e.p_token), e.round, pos if kind != "target" else 0))
     return out + ending(e, out, lang, tail)
 
 

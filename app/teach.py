@@ -28,7 +28,7 @@ def inspect(race, round_no, position, lang="en"):
     i = min(max(int(position or 1), 1), len(e.drafted) + 1) - 1
     head = where_text(e, i, len(events), lang)
     return (message_html(head + decision_text(e, i, race.label, lang), "info"), decision_figure(e, i, race.label, lang),
-            tree_html(e, race.label, lang) if e.parents is not None else gr.skip())
+            tree_html(e, race.label, lang) if e.drafted else gr.skip())
 
 
 def pick(race, picked: str, lang="en"):
@@ -43,13 +43,13 @@ def pick(race, picked: str, lang="en"):
 def theory(race, lang="en"):
     if race is None or not race.done:
         return plots._fig(t("f_theory_empty", lang))
-    if any(e.parents is not None for e in race.spec.events):
+    if race.cfg.tree_nodes:
         return tree_theory_figure(race.spec.events, lang)
     return theory_figure(race.plain.stats, race.spec.stats, race.cfg.k, lang)
 
 
 def caption(e, lang="en") -> str:
-    words = t("caption" if e.parents is None else "caption_tree", lang, r=e.round, d=len(e.drafted), a=e.accepted)
+    words = t("caption", lang, r=e.round, d=len(e.drafted), a=e.accepted)
     if e.token_kind == "replacement":
         n = e.accepted + 1
         nth = f"{n}º" if code(lang) == "pt" else {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")

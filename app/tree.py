@@ -1,4 +1,4 @@
-"""A tree round drawn as SVG: the accepted path highlighted, rejected nodes struck, unreached ones ghosted.
+"""A round's draft drawn as SVG: the accepted path highlighted, rejected nodes struck, unreached ones ghosted.
 
 Each node's row is its first child's, so a chain is one straight row and every branch opens a row below.
 Nodes carry data-round / data-pos like the speculative pane's tokens, so a click opens the inspector.
@@ -23,7 +23,7 @@ LEGEND = {"accepted": "tree_key_accepted", "rejected": "tree_key_rejected", "unr
 def states(e: RoundEvent) -> list[str]:
     """Per node: "accepted" (on the path), "rejected" (judged and turned down) or "unreached" (an ancestor was
     rejected, or an earlier sibling was accepted first, so the target never judged it)."""
-    path, out = set(e.path or ()), []
+    path, out = set(e.path), []
     for i, parent in enumerate(e.parents):
         reached = parent < 0 or parent in path
         beaten = any(j in path for j in range(i) if e.parents[j] == parent)
@@ -53,7 +53,7 @@ def layout(parents: list[int]) -> tuple[list[int], list[int], int]:
 
 
 def tree_html(e: RoundEvent | None, label, lang: str = "en") -> str:
-    if e is None or e.parents is None:
+    if e is None or not e.drafted:
         return ""
     n, kinds = len(e.drafted), states(e)
     end = e.path[-1] if e.path else -1

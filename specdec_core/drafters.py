@@ -6,19 +6,20 @@ Interface (three methods):
   propose(ids, k, cfg, generator) -> Draft: up to k tokens, and the distributions q they were
                                    sampled from (None for a deterministic drafter: q is a point mass);
                                    on a GPU the tokens stay on the device, and so may the draft's length;
-                                   with cfg.tree_nodes, the model drafter proposes a tree (Draft.parents)
+                                   the draft is a tree (Draft.parents), a chain unless cfg.tree_nodes asks for more
   commit(ids)                     the round committed tokens; `ids` is the whole sequence now
 """
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from .cache import CachedModel, TreeInput
+from .events import chain
 from .sampling import sample, warp
 from .theory import PassCosts, tree_size
 from .timing import tree_costs
@@ -34,8 +35,12 @@ class Draft:
     logits: torch.Tensor | None = None  # [k', V] raw draft logits, kept only for display (cfg.record_top)
     size: torch.Tensor | None = None  # () on the device: only the first `size` tokens are the draft (None: all)
     failed: torch.Tensor | None = None  # () bool on the device: the draft produced NaN or +inf logits
-    parents: list[int] | None = None  # a tree: each node's parent (-1: the last committed token); None: a chain
-    expected: float = 0.0  # a tree: the draft's own estimate of the tokens the target will accept
+    parents: list[int] = None  # each node's parent (-1: the last committed token); a chain's by default
+    expected: float = 0.0  # the draft's own estimate of the tokens the target will accept
+
+    def __post_init__(self):
+        if self.parents is None:
+            self.parents = chain(len(self))
 
     def __len__(self) -> int:
         return self.tokens.numel()
@@ -57,6 +62,54 @@ class Node(NamedTuple):
     q_row: int  # the row of the distribution it was drawn from (its parent's)
     sibling: int  # its place among its siblings, in the order drawn
     chain: bool  # on the chain: every node on its path a first child
+
+
+class Fed(NamedTuple):
+    """The nodes a round fed to the draft's cache, from `start` on: their tokens, and each one's parent's slot
+    among them (-1: the last committed token)."""
+    start: int
+    tokens: list[int]
+    parents: list[int]
+
+
+def children(q: torch.Tensor, logits: torch.Tensor, width: int, cfg, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's `width` children [rows, width], and the probabilities that rank them: the j-th child is ranked
+    at its row's j-th largest probability (under q; greedy, whose q is one-hot: under the draft's softmax)."""
+    ranked = torch.softmax(logits.float(), -1) if cfg.greedy else q
+    top, picks = torch.topk(ranked, width, -1)
+    if width == 1:  # a chain: the argmax, or one draw from q
+        picks = q.argmax(-1, keepdim=True) if cfg.greedy else sample(q, generator)[..., None]
+    elif not cfg.greedy:  # Gumbel top-k: `width` draws without replacement, in the order drawn
+        u = torch.rand(q.shape, generator=generator, device=q.device).clamp_(min=1e-20)
+        picks = torch.topk(torch.where(q > 0, q.log() - (-u.log()).log(), float("-inf")), width, -1).indices
+    return top, picks
+
+
+@dataclass
+class Grown:
+    """A draft as it grows: its nodes, the distributions (q, and the raw logits) of the rows they were drawn from,
+    whether a row failed, and the nodes fed to the draft (by index)."""
+    nodes: list[Node] = field(default_factory=list)
+    qs: list[torch.Tensor] = field(default_factory=list)
+    raw: list[torch.Tensor] = field(default_factory=list)
+    failed: list[torch.Tensor] = field(default_factory=list)
+    fed: list[int] = field(default_factory=list)
+
+    def add_level(self, frontier: list[int], top: torch.Tensor, picks: torch.Tensor) -> list[int]:
+        """The children [len(frontier), width] drawn at the last rows, read in one transfer, as nodes: their indices."""
+        level_read = Transfer()
+        level_read.put("tops", top, floats=True)
+        level_read.put("tokens", picks)
+        tops, tokens = level_read.read().values()
+        level, first_row = [], len(self.qs) - len(frontier)
+        for f, parent in enumerate(frontier):
+            above, on_chain = (1.0, True) if parent < 0 else (self.nodes[parent].rank, self.nodes[parent].chain)
+            for j, (token, prob) in enumerate(zip(tokens[f], tops[f])):
+                if prob <= 0:  # the distribution has fewer tokens than `width`
+                    break
+                self.nodes.append(Node(token, parent, above * prob, first_row + f, j, on_chain and j == 0))
+                level.append(len(self.nodes) - 1)
+        return level
 
 
 class NoDrafter:
@@ -92,139 +145,120 @@ class ModelDrafter:
         # a tree: children per node, nodes fed to the draft per level (two on CPUs), costs that size it
         self.width, self.pass_cost = width, pass_cost
         self.expand = (2 if lm.device.type == "cpu" else width) if expand is None else expand
-        self.tree = None  # after a tree round: (where its nodes start in the cache, [(token, parent's slot)] per slot)
+        self.fed: Fed | None = None  # the drafted nodes fed to the cache in the last round
         self.forwards = 1  # draft forwards the last tree took: this round's sizing must not depend on its own draws
 
     def start(self, ids):
         self.lm.reset()
         self.lm.prefill(ids[:-1])
-        self.tree = None
+        self.fed = None
 
-    def propose(self, ids, k, cfg, generator):
-        if cfg.tree_nodes and k:
-            return self.propose_tree(ids, k, cfg, generator)
-        # The cache holds ids[:length]; feed the rest. After a fully accepted round that is two
-        # tokens (the last drafted token, never fed, and the target's bonus token).
-        x = upload(ids[self.lm.length:], self.lm.device)
-        tokens, qs, raw, failed, tops, sure = [], [], [], [], [], 1.0
-        for _ in range(k):
-            logits = self.lm.forward(x, keep=1)[0]
-            q, bad = warp(logits, cfg.temperature, cfg.top_k, cfg.top_p)
-            x = q.argmax(-1, keepdim=True) if cfg.greedy else sample(q[None], generator)
-            tokens.append(x.view(1))
-            qs.append(q)
-            raw.append(logits)
-            failed.append(bad)
-            if cfg.min_confidence:
-                # the draft's own chance that every token so far is right; once that is low, the next
-                # token is unlikely to be reached (the distribution it samples from; greedy: its softmax)
-                tops.append((torch.softmax(logits.float(), -1) if cfg.greedy else q).max())
-                if not self.cut_on_device:
-                    sure *= float(tops[-1])
-                    if sure < cfg.min_confidence:
-                        break
-        if not tokens:
-            return Draft(torch.empty(0, dtype=torch.long, device=self.lm.device), None)
-        size = None
-        if cfg.min_confidence and self.cut_on_device:
-            sure = torch.stack(tops).to(torch.float32 if self.lm.device.type == "mps" else torch.float64).cumprod(0)
-            size = ((sure >= cfg.min_confidence).sum() + 1).clamp(max=len(tokens))
-        shown = torch.stack(raw) if cfg.record_top else None  # the inspector's greedy view only
-        return Draft(torch.cat(tokens), torch.stack(qs), shown, size, torch.stack(failed).any())
+    def propose(self, ids, k, cfg, generator) -> Draft:
+        """A tree up to k deep, grown a level at a time (EAGLE-2's scheme); a chain (cfg.tree_nodes = 0) is the
+        tree whose nodes have one child each.
 
-    def propose_tree(self, ids, k, cfg, generator) -> Draft:
-        """A tree of up to cfg.tree_nodes nodes and depth k: the chain this drafter would draft, and
-        alternatives beside it, grown a level at a time (EAGLE-2's scheme).
-
-        Each expanded node offers its `width` likeliest children (greedy) or `width` children sampled
-        without replacement (Gumbel top-k, in the order drawn). The first child of each is the chain's
-        token; the chain goes as deep as a chain would (k, cut where the product of its probabilities
-        falls below cfg.min_confidence). A node's rank is its path probability under the draft, the j-th
-        child counted at its parent's j-th largest probability. Each level feeds the draft, in one
-        forward with a tree mask, the chain's node and the `expand` - 1 best others whose rank is still at
-        least cfg.min_confidence (on a CPU, where each token of a forward costs more, `expand` is 2: one
-        branch grows beside the chain; the rest are leaves, drawn from distributions the chain computes
-        anyway). The chain is kept, then the best alternatives: n nodes are worth 1 + (the sum of their ranks)
-        expected tokens (the draft's own estimate) for a target pass of n + 1 tokens, whose cost `pass_cost`
-        says, and nodes are added in that order while the worth per cost rises (theory.tree_size; the draft
-        forwards are counted as the previous tree took). No node ranks above its parent or an earlier sibling,
-        so what is kept is a tree whose siblings are the first ones drawn, as verify.decide_tree requires; and
-        neither a node's rank nor the ranks before it depend on the token drawn there or below, so sampled
-        nodes are kept without bias. Each level's choices are read on the host in one transfer.
+        Each expanded node offers its `width` likeliest children (greedy) or `width` children sampled without
+        replacement (Gumbel top-k, in the order drawn); a chain's one child is the argmax or one draw from q. The
+        first child of each is the chain's token; the chain goes as deep as k, cut where the product of its
+        probabilities falls below cfg.min_confidence. A node's rank is its path probability under the draft, the
+        j-th child counted at its parent's j-th largest probability. Each level feeds the draft, in one forward
+        (a tree mask where it branches), the chain's node and the `expand` - 1 best others whose rank is still at
+        least cfg.min_confidence (on a CPU, where each token of a forward costs more, `expand` is 2: one branch
+        grows beside the chain; the rest are leaves, drawn from distributions the chain computes anyway).
+        A tree keeps the chain, then the best alternatives: n nodes are worth 1 + (the sum of their ranks) expected
+        tokens (the draft's own estimate) for a target pass of n + 1 tokens, whose cost `pass_cost` says, and nodes
+        are added in that order while the worth per cost rises (theory.tree_size; the draft forwards are counted as
+        the previous tree took). No node ranks above its parent or an earlier sibling, so what is kept is a tree
+        whose siblings are the first ones drawn, as verify.decide requires; and neither a node's rank nor the ranks
+        before it depend on the token drawn there or below, so sampled nodes are kept without bias.
+        Each level's choices are read on the host in one transfer; a chain cut on the device reads nothing.
         """
         dev = self.lm.device
+        if not k:
+            return Draft(torch.empty(0, dtype=torch.long, device=dev), None)
         logits = self.lm.forward(upload(ids[self.lm.length:], dev), keep=1)
-        base = self.lm.length
-        nodes: list[Node] = []
-        qs, raw, failed, fed, frontier, forwards = [], [], [], [], [-1], 1
-        width = min(self.width, logits.shape[-1])
+        start, limit = self.lm.length, cfg.tree_nodes or k
+        width = min(self.width, logits.shape[-1]) if cfg.tree_nodes else 1
+        on_device = self.cut_on_device and width == 1  # a GPU chain: drafts all k, its cut becomes the draft's size
+        g, frontier, forwards, chosen = Grown(), [-1], 1, []
         for depth in range(k):
             q, bad = warp(logits, cfg.temperature, cfg.top_k, cfg.top_p)
-            # the draft's probabilities rank nodes (a greedy q is one-hot)
-            ranked = torch.softmax(logits.float(), -1) if cfg.greedy else q
-            top, picks = torch.topk(ranked, width, -1)
-            if not cfg.greedy:  # Gumbel top-k: `width` draws without replacement, in the order drawn
-                u = torch.rand(q.shape, generator=generator, device=q.device).clamp_(min=1e-20)
-                picks = torch.topk(torch.where(q > 0, q.log() - (-u.log()).log(), float("-inf")), width, -1).indices
-            level_read = Transfer()
-            level_read.put("tops", top, floats=True)
-            level_read.put("tokens", picks)
-            tops, tokens = level_read.read().values()  # the level's one read
-            level, first_row = [], len(qs)
-            qs += q.unbind(0)
-            raw += logits.unbind(0)
-            failed.append(bad)
-            for f, parent in enumerate(frontier):
-                above, on_chain = (1.0, True) if parent < 0 else (nodes[parent].rank, nodes[parent].chain)
-                for j in range(width):
-                    if tops[f][j] <= 0:  # the distribution has fewer tokens than `width`
-                        break
-                    nodes.append(Node(tokens[f][j], parent, above * tops[f][j], first_row + f, j, on_chain and j == 0))
-                    level.append(len(nodes) - 1)
-            chain = next(i for i in level if nodes[i].chain)
-            if depth == k - 1 or depth + 1 >= cfg.tree_nodes or nodes[chain].rank < cfg.min_confidence:
+            top, picks = children(q, logits, width, cfg, generator)
+            g.qs += q.unbind(0)
+            g.raw += logits.unbind(0)
+            g.failed.append(bad)
+            if on_device:
+                chosen.append((top[0, 0], picks[0]))
+                if depth + 1 < k:
+                    logits = self.lm.forward(picks[0], keep=1)
+                continue
+            level = g.add_level(frontier, top, picks)
+            nodes = g.nodes
+            chain_node = next(i for i in level if nodes[i].chain)
+            if depth + 1 >= min(k, limit) or nodes[chain_node].rank < cfg.min_confidence:
                 break
             # other branches grow while the draft believes in them as much as a chain must to go on
-            others = sorted((i for i in level if i != chain and nodes[i].rank >= cfg.min_confidence),
+            others = sorted((i for i in level if i != chain_node and nodes[i].rank >= cfg.min_confidence),
                             key=lambda i: (-nodes[i].rank, i))[: self.expand - 1]
-            frontier = sorted([chain, *others])  # parents before children, as TreeInput wants
-            index = {node: j for j, node in enumerate(fed)}
-            parents = [index.get(nodes[n].parent, -1) for n in fed + frontier]
+            frontier = sorted([chain_node, *others])  # parents before children, as TreeInput wants
+            index = {node: j for j, node in enumerate(g.fed)}
+            parents = [index.get(nodes[n].parent, -1) for n in g.fed + frontier]
             logits = self.lm.forward(upload([nodes[i].token for i in frontier], dev), keep=len(frontier),
-                                     tree=TreeInput(parents, fed=len(fed)))
-            fed += frontier
+                                     tree=None if parents == chain(len(parents)) else TreeInput(parents, fed=len(g.fed)))
+            g.fed += frontier
             forwards += 1
-        # the chain first, then the others best first: every prefix is a tree (parents, earlier siblings come first)
-        order = sorted(range(len(nodes)), key=lambda i: (not nodes[i].chain, -nodes[i].rank, i))[: cfg.tree_nodes]
-        n = tree_size([nodes[i].rank for i in order], self.pass_cost, self.forwards)
+        if on_device:
+            return self.device_cut(chosen, g, cfg)
+        draft = self.select(g, start, limit, cfg)
         self.forwards = forwards
+        return draft
+
+    def select(self, g: Grown, start: int, limit: int, cfg) -> Draft:
+        """The nodes worth their rows in the target's pass (a chain: every node), as a draft; the fed ones are
+        remembered for commit."""
+        nodes = g.nodes
+        # the chain first, then the others best first: every prefix is a tree (parents, earlier siblings come first)
+        order = sorted(range(len(nodes)), key=lambda i: (not nodes[i].chain, -nodes[i].rank, i))[:limit]
+        n = tree_size([nodes[i].rank for i in order], self.pass_cost if cfg.tree_nodes else None, self.forwards)
         keep = sorted(order[:n])
-        slot = {node: j for j, node in enumerate(fed)}  # where each fed node sits in the cache, after `base`
-        self.tree = (base, [(nodes[i].token, slot.get(nodes[i].parent, -1)) for i in fed])
+        slot = {node: j for j, node in enumerate(g.fed)}  # where each fed node sits in the cache, after `start`
+        self.fed = Fed(start, [nodes[i].token for i in g.fed], [slot.get(nodes[i].parent, -1) for i in g.fed])
         if not keep:  # no node pays for its row: a plain step
-            return Draft(torch.empty(0, dtype=torch.long, device=dev), None)
+            return Draft(torch.empty(0, dtype=torch.long, device=self.lm.device), None)
         renumber = {old: new for new, old in enumerate(keep)}
-        parents = [renumber.get(nodes[i].parent, -1) for i in keep]
         q = None
         if not cfg.greedy:  # each node's q: its parent's, without the siblings drawn before it, renormalised
             earlier = lambda node: [m.token for m in nodes if m.q_row == node.q_row and m.sibling < node.sibling]
-            q = torch.stack([without(qs[nodes[i].q_row], earlier(nodes[i])) for i in keep])
-        shown = torch.stack([raw[nodes[i].q_row] for i in keep]) if cfg.record_top else None
-        return Draft(upload([nodes[i].token for i in keep], dev, torch.long), q, shown, None, torch.stack(failed).any(),
-                     parents, sum(nodes[i].rank for i in keep))
+            q = torch.stack([without(g.qs[nodes[i].q_row], earlier(nodes[i])) for i in keep])
+        shown = torch.stack([g.raw[nodes[i].q_row] for i in keep]) if cfg.record_top else None  # the inspector's
+        return Draft(upload([nodes[i].token for i in keep], self.lm.device, torch.long), q, shown, None,
+                     torch.stack(g.failed).any(), [renumber.get(nodes[i].parent, -1) for i in keep],
+                     sum(nodes[i].rank for i in keep))
+
+    def device_cut(self, chosen, g: Grown, cfg) -> Draft:
+        """A chain drafted without a read: it is cut where the product of its top probabilities falls below
+        cfg.min_confidence, a length that stays on the device."""
+        tops, tokens = zip(*chosen)
+        size = None
+        if cfg.min_confidence:
+            dtype = torch.float32 if self.lm.device.type == "mps" else torch.float64
+            sure = torch.stack(tops).to(dtype).cumprod(0)
+            size = ((sure >= cfg.min_confidence).sum() + 1).clamp(max=len(tokens))
+        return Draft(torch.cat(tokens), None if cfg.greedy else torch.stack(g.qs),
+                     torch.stack(g.raw) if cfg.record_top else None, size, torch.stack(g.failed).any())
 
     def commit(self, ids):
         # keep only the committed prefix; the newest committed token is fed next round
-        if self.tree:  # a tree round: keep the drafted nodes the committed tokens walk through
-            base, nodes = self.tree
+        if self.fed:  # keep the fed nodes the committed tokens walk through (a chain's: a prefix, kept in place)
+            start, tokens, parents = self.fed
             kept, at = [], -1
-            for token in ids[base:]:
-                at = next((j for j, (t, parent) in enumerate(nodes) if parent == at and t == token), None)
+            for token in ids[start:]:
+                at = next((j for j, (t, parent) in enumerate(zip(tokens, parents)) if parent == at and t == token), None)
                 if at is None:
                     break
                 kept.append(at)
-            self.lm.compact(base, kept)
-            self.tree = None
+            self.lm.compact(start, kept)
+            self.fed = None
         self.lm.crop(len(ids) - 1)
         self.lm.check()
 

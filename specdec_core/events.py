@@ -9,6 +9,11 @@ from dataclasses import asdict, dataclass, field
 Top = list[tuple[int, float]]  # (token id, probability), most likely first
 
 
+def chain(n: int) -> list[int]:
+    """The parents of a chain of n drafted tokens: a tree with one branch."""
+    return list(range(-1, n - 1))
+
+
 def tree_depths(parents: list[int]) -> list[int]:
     """Each node's depth in a tree given as parents (parents first; -1: the root): 1 for the root's children."""
     depths: list[int] = []
@@ -45,20 +50,21 @@ class RoundEvent:
     n_generated: int  # tokens generated so far
     finished: bool = False
     finish_reason: str | None = None  # "eos" | "length"
-    # a tree round: `drafted` holds its nodes, parents first; p_drafted[i] is p(x_i) as judged (after earlier
-    # siblings' rejections, their residual's); the rows of target_top are the root's (0) and each node's (i + 1)
-    parents: list[int] | None = None  # node i's parent (-1: the last committed token); None: a chain
-    path: list[int] | None = None  # the accepted nodes, root to leaf; a chain's are its first `accepted`
-    expected: float = 0.0  # a tree: the tokens the draft expected the target to accept (sum of path probabilities)
+    # the draft is a tree (a chain is one with one branch): `drafted` holds its nodes, parents first; p_drafted[i]
+    # is p(x_i) as judged (after earlier siblings' rejections, their residual's); the rows of target_top are the
+    # root's (0) and each node's (i + 1)
+    parents: list[int] = field(default_factory=list)  # node i's parent (-1: the last committed token); chain(n)
+    path: list[int] = field(default_factory=list)  # the accepted nodes, root to leaf; a chain's are its first `accepted`
+    expected: float = 0.0  # the tokens the draft expected the target to accept (the sum of its path probabilities)
 
     def depth_of(self, i: int) -> int:
-        """Draft position i's depth: 1 for the first token after the committed text."""
-        return i + 1 if self.parents is None else tree_depths(self.parents)[i]
+        """Node i's depth: 1 for the first token after the committed text."""
+        return tree_depths(self.parents)[i]
 
     @property
     def depth(self) -> int:
         """How deep the draft went: a chain's length, a tree's deepest node."""
-        return len(self.drafted) if self.parents is None else max(tree_depths(self.parents), default=0)
+        return max(tree_depths(self.parents), default=0)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -67,6 +73,8 @@ class RoundEvent:
     def from_dict(cls, d: dict) -> "RoundEvent":
         """The inverse of to_dict, also after a trip through JSON (which turns tuples into lists)."""
         pairs = lambda row: [tuple(x) for x in row]
+        if d.get("parents") is None:  # a trace saved before chains were written as trees
+            d = {**d, "parents": chain(len(d["drafted"])), "path": list(range(d["accepted"]))}
         d = {**d, "target_top": [pairs(r) for r in d["target_top"]], "draft_top": [pairs(r) for r in d["draft_top"]],
              "residual_top": pairs(d["residual_top"]) if d.get("residual_top") is not None else None}
         return cls(**d)

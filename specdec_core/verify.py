@@ -10,7 +10,7 @@ distribution, whatever q is, provided q is the distribution x was actually sampl
 `decide` does all of it on the device, with no value read back to the host, so a GPU never waits
 for the CPU in the middle of a round.
 
-**Trees** (`decide_tree`). A node may have several children: candidates for the same position. They
+**Trees.** A draft is a tree; a chain is the tree with one branch. A node may have several children: candidates for the same position. They
 are judged one after another, each against what the earlier ones left: recursive rejection sampling,
 as in SpecInfer's multi-step speculative sampling (Miao et al. 2024), here with the children drawn
 without replacement, as in recursive speculative decoding (Jeon et al. 2024). At a node whose target
@@ -29,8 +29,8 @@ is 0 then), so greedy output is the target's own token for token. And whether a 
 at all may depend on anything but the token drawn there (else the kept children are a biased sample:
 the drafter ranks the j-th child by its parent's j-th largest probability, not by its own). Chosen
 because it is exact for any q, point masses included, uses nothing but the one pass's p, and is the
-chain rule when every node has one child: there `decide_tree` makes the same draws and choices as
-`decide`.
+chain rule when every node has one child: there `decide` takes a shorter path (one vectorised
+comparison and a prefix) that makes the same draws and choices.
 """
 from __future__ import annotations
 
@@ -38,18 +38,21 @@ from dataclasses import dataclass
 
 import torch
 
+from .events import chain
 from .transfer import upload
 
 
 @dataclass
 class Decision:
     """One round's verdict, as device tensors."""
-    n_accepted: torch.Tensor  # () long: length of the accepted prefix of the draft
+    n_accepted: torch.Tensor  # () long: how many nodes the accepted path holds
     token: torch.Tensor  # () long: the target's token (residual sample after a rejection, else the bonus)
-    accept_probs: torch.Tensor  # [k] min(1, p(x_i) / q(x_i)) for every drafted token
-    uniforms: torch.Tensor  # [k] the uniform draws compared against accept_probs
-    rejected: torch.Tensor  # () bool: a drafted token was rejected (`dist` is then the residual)
+    accept_probs: torch.Tensor  # [n] min(1, p(x_i) / q(x_i)) for every drafted node
+    uniforms: torch.Tensor  # [n] the uniform draws compared against accept_probs
+    rejected: torch.Tensor  # () bool: a node was rejected at the path's end (`dist` is then a residual)
     dist: torch.Tensor  # [V] the distribution `token` was sampled from
+    on_path: torch.Tensor  # [n] bool: the node is on the accepted path
+    p_x: torch.Tensor  # [n] p(x_i) as judged: after earlier siblings were rejected, their residual's
 
 
 def point_mass(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -85,17 +88,29 @@ def accepted_prefix(kept: torch.Tensor, size: torch.Tensor | None = None) -> tup
     return n, n < (k if size is None else size)
 
 
-def decide(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
+def decide(tokens: torch.Tensor, parents: list[int], q: torch.Tensor | None, p: torch.Tensor,
            generator: torch.Generator | None = None, size: torch.Tensor | None = None) -> Decision:
-    """draft_tokens [k]; q [k, V] (None for a deterministic drafter); p [k+1, V] target probs.
-    size: how many of the k tokens are the draft (a device scalar, for a draft cut on the device);
-    the rows after it are ignored. All k by default."""
-    k = draft_tokens.numel()
-    assert p.shape[0] == k + 1, f"p must have k+1={k + 1} rows, got {p.shape[0]}"
+    """tokens [n] the draft's nodes, parents before children, siblings in the order they were drawn;
+    parents[i]: node i's parent (-1: the root, the last committed token; a chain's are events.chain(n));
+    q [n, V]: the distribution each node was drawn from given its earlier siblings (None: point masses);
+    p [n+1, V]: the target's distribution after the root (row 0) and after each node (row i+1).
+    size: a chain cut on the device: only its first `size` tokens are the draft (a device scalar; all if None).
+    The structure is host data; every value stays on the device, read back with the rest of the round."""
+    assert p.shape[0] == tokens.numel() + 1, f"p must have n+1={tokens.numel() + 1} rows, got {p.shape[0]}"
+    if parents == chain(len(parents)):
+        return _decide_chain(tokens, q, p, generator, size)
+    assert size is None, "only a chain is cut on the device"
+    return _decide_tree(tokens, parents, q, p, generator)
+
+
+def _decide_chain(tokens, q, p, generator, size) -> Decision:
+    """One child a node: every verdict at once, and the accepted prefix."""
+    k = tokens.numel()
     if q is None:
-        q = point_mass(draft_tokens, p.shape[-1])
+        q = point_mass(tokens, p.shape[-1])
     rows = torch.arange(k, device=p.device)
-    accept = accept_probabilities(p[rows, draft_tokens], q[rows, draft_tokens])
+    p_x = p[rows, tokens]
+    accept = accept_probabilities(p_x, q[rows, tokens])
     uniforms = torch.rand(k, generator=generator, device=p.device)
     n, rejected = accepted_prefix(uniforms < accept, size)
     # at a rejection the token comes from the residual at row n; after a full acceptance, from p there
@@ -103,23 +118,11 @@ def decide(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
     p_n, q_n = p.index_select(0, at)[0], torch.cat([q, q.new_zeros(1, q.shape[-1])]).index_select(0, at)[0]
     dist = torch.where(rejected, residual_distribution(p_n, q_n), p_n)
     token = torch.multinomial(dist, 1, generator=generator)[0]
-    return Decision(n, token, accept, uniforms, rejected, dist)
+    return Decision(n, token, accept, uniforms, rejected, dist, rows < n, p_x)
 
 
-@dataclass
-class TreeDecision(Decision):
-    on_path: torch.Tensor = None  # [n] bool: the node is on the accepted path
-    p_x: torch.Tensor = None  # [n] p(x_i) as judged: after earlier siblings were rejected, their residual's
-
-
-def decide_tree(tokens: torch.Tensor, parents: list[int], q: torch.Tensor | None, p: torch.Tensor,
-                generator: torch.Generator | None = None) -> TreeDecision:
-    """tokens [n] the tree's nodes, parents before children, siblings in the order they were drawn;
-    parents[i]: node i's parent (-1: the root, the last committed token); q [n, V]: the distribution
-    each node was drawn from given its earlier siblings (None: point masses); p [n+1, V]: the target's
-    distribution after the root (row 0) and after each node (row i+1). The structure is host data; every
-    value stays on the device (rows and tokens are picked with device indices), read back with the rest
-    of the round."""
+def _decide_tree(tokens, parents, q, p, generator) -> Decision:
+    """Several children a node: each parent's children judged in turn, against what the earlier ones left."""
     n, vocab, device = tokens.numel(), p.shape[-1], p.device
     assert p.shape[0] == n + 1, f"p must have n+1={n + 1} rows, got {p.shape[0]}"
     children: dict[int, list[int]] = {}
@@ -161,5 +164,5 @@ def decide_tree(tokens: torch.Tensor, parents: list[int], q: torch.Tensor | None
         dist = torch.where(real, residual_distribution(dist, q_of(c.clamp(max=n - 1))), dist)
     token = torch.multinomial(dist, 1, generator=generator)[0]
     accept, p_x = (torch.stack(v) if n else p.new_zeros(0) for v in (accept, p_x))
-    return TreeDecision(on_path.long().sum(), token, accept, uniforms, ends_at[0] < n if width else false, dist,
-                        on_path, p_x)
+    return Decision(on_path.long().sum(), token, accept, uniforms, ends_at[0] < n if width else false, dist,
+                    on_path, p_x)

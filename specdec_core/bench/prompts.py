@@ -71,11 +71,11 @@ def hf_assisted(pair, prompt_ids: list[int], cfg: SpecConfig, constant_k: int = 
             "schedule": "constant" if constant_k else "default", "token_ids": out[0, ids.shape[1]:].tolist()}
 
 
-def run_prediction(ar, spec) -> float:
+def run_prediction(ar, spec, cfg) -> float:
     """What the cost model predicts from this run's own measurements (acceptance, step times) for
     the draft lengths it used; for trees, from the draft's own expectation of each tree and the rounds' cost."""
     a, c, v = measured_costs(ar.stats, spec.stats)
-    if any(e.parents is not None for e in spec.events):  # a round costs its draft (c per node drafted) and its pass
+    if cfg.tree_nodes:  # a round costs its draft (c per node drafted) and its pass
         rounds = spec.stats.rounds
         return (1 + sum(e.expected for e in spec.events) / rounds) / (c * spec.stats.drafted / rounds + v)
     return predicted_speedup(a, [len(e.drafted) for e in spec.events], c, v)
@@ -103,7 +103,7 @@ def run_prompt(pair, item, cfg, drafter_name, compare_hf, hf_k, repeats=1, peer=
                       "depth_per_round": statistics.mean(e.depth for e in spec.events)},
              "speedup": spec.stats.tokens_per_s / ar.stats.tokens_per_s,
              "decode_speedup": spec.stats.decode_tokens_per_s / ar.stats.decode_tokens_per_s,
-             "predicted_speedup": run_prediction(ar, spec),
+             "predicted_speedup": run_prediction(ar, spec, cfg),
              "identical_to_ar": ar.token_ids == spec.token_ids,
              "seconds_of_repeats": {"ar": [r.stats.seconds for r in ars], "spec": [r.stats.seconds for r in specs]}}
     if not entry["identical_to_ar"]:

@@ -43,7 +43,7 @@ def test_clicked_token_positions_match_the_inspector(tiny):
         opened, round_no, position, text, _, _ = teach.pick(race, f"{piece.round},{piece.pos},123", "en")
         assert (round_no, position) == (piece.round, piece.pos) and opened.open is True
         expected = {"accepted": "equal: accepted", "rejected": "different: rejected", "replacement": "different",
-                    "discarded": "discarded without a check", "bonus": "bonus token"}[piece.kind]
+                    "discarded": "discarded unchecked", "bonus": "bonus token"}[piece.kind]
         assert expected in text, (piece, text)
         checked.add(piece.kind)
     assert {"accepted", "rejected", "replacement", "bonus"} <= checked

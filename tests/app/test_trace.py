@@ -8,6 +8,7 @@ from app.race import run, start_race
 from app.teach import caption, inspect
 from app.trace import from_trace, replay_step, to_trace
 from specdec_core import SpecConfig
+from specdec_core.events import chain
 
 
 def test_trace_round_trips_exactly(tiny):
@@ -53,3 +54,6 @@ def test_the_shipped_trace_replays_without_a_model():
     assert race.done and race.identical is True and race.meta["pair"] == "bundled"
     assert race.spec.stats.tokens == race.plain.stats.tokens == 96
     assert "def is_prime" in "".join(p.text for p in lane_pieces(race, race.spec))
+    # written before a chain was stored as a tree: each round reads as the one-branch tree it was
+    assert all(e.parents == chain(len(e.drafted)) and e.path == list(range(e.accepted)) for e in race.spec.events)
+    assert any(e.path for e in race.spec.events) and any(e.accepted < len(e.drafted) for e in race.spec.events)

@@ -50,7 +50,9 @@ def test_the_drawing_marks_every_node_and_escapes_tokens():
     boxes = lambda drawn: re.findall(r'<rect x="(\d+)" y="(\d+)"', drawn)
     rejected_at_root = tree_html(event([-1, -1, 0], []), str)  # both first choices rejected
     assert len(set(boxes(rejected_at_root))) == 4  # the target's token has a place of its own
-    assert tree_html(None, str) == "" and tree_html(dataclasses.replace(event([-1], []), parents=None), str) == ""
+    assert tree_html(None, str) == "" and tree_html(dataclasses.replace(event([], []), drafted=[]), str) == ""
+    chain = tree_html(event([-1, 0, 1], [0]), str)  # a chain is the tree with one branch: one straight row
+    assert len(boxes(chain)) == 4 and len({y for _, y in boxes(chain)[:3]}) == 1 and "tn-rejected" in chain
 
 
 def test_a_tree_race_draws_its_rounds_and_every_node_opens_the_inspector(tiny):
@@ -58,15 +60,15 @@ def test_a_tree_race_draws_its_rounds_and_every_node_opens_the_inspector(tiny):
     race = run(start_race(with_eos(tiny, []), "hello", cfg))
     assert race.identical
     shown = view(race)
-    last = [e for e in race.spec.events if e.parents is not None][-1]  # a round with room for one token drafts none
+    last = [e for e in race.spec.events if e.drafted][-1]  # a round with room for one token drafts none
     assert shown.tree == tree_html(last, race.label) and f'data-round="{last.round}"' in shown.tree
-    e = max(race.spec.events, key=lambda e: len(set(e.parents or [])))  # a round that branched
+    e = max(race.spec.events, key=lambda e: len(set(e.parents)))  # a round that branched
     seen = set()
     for i, kind in enumerate(states(e)):
         _, _, _, text, fig, tree = teach.pick(race, f"{e.round},{i + 1},1", "en")
         expected = {"accepted": "equal: accepted", "rejected": "different: rejected",
                     "unreached": "Not judged"}[kind]
-        assert expected in text and f"node {i + 1} of {len(e.drafted)}" in text, (kind, text)
+        assert expected in text and f"drafted token {i + 1} of {len(e.drafted)}" in text, (kind, text)
         assert tree == tree_html(e, race.label) and fig.data  # the inspected round's tree, its p and q bars
         seen.add(kind)
     assert {"accepted", "rejected", "unreached"} <= seen

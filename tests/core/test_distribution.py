@@ -144,16 +144,16 @@ def test_a_tree_rule_without_renormalised_siblings_is_detected(toy_pair, monkeyp
 def test_a_sibling_residual_renormalised_once_too_often_is_detected(toy_pair, monkeypatch):
     """After a rejected child, what is left is p - q of that child; taking q without the child's own token
     (renormalised once more: the next sibling's q) instead is subtly wrong."""
-    mutate(monkeypatch, verify, "decide_tree",
+    mutate(monkeypatch, verify, "_decide_tree",
            ("q_c = q[c] if q is not None", "q_c = without(q[c], x) if q is not None"))
-    monkeypatch.setitem(verify.decide_tree.__globals__, "without",
+    monkeypatch.setitem(verify._decide_tree.__globals__, "without",
                         lambda q, x: q.index_fill(0, x, 0.0) / q.index_fill(0, x, 0.0).sum())
     assert p_value(toy_pair, TREE, narrow_tree) < 1e-3
 
 
 def test_a_tree_that_keeps_a_node_only_when_accepted_is_detected(toy_pair, monkeypatch):
     """A rejected child dropped as if it had never been drafted: nothing is taken out of p for it."""
-    mutate(monkeypatch, verify, "decide_tree",
+    mutate(monkeypatch, verify, "_decide_tree",
            ("cur = torch.where(taken | hit[c], cur,", "cur = torch.where(taken | hit[c] | True, cur,"),
            ("dist = torch.where(real, residual_distribution", "dist = torch.where(real & False, residual_distribution"))
     assert p_value(toy_pair, TREE, narrow_tree) < 1e-3

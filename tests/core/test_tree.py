@@ -12,29 +12,31 @@ from specdec_core.engine import encode_request
 from specdec_core.events import tree_depths
 from specdec_core.theory import PassCosts, tree_size
 from specdec_core.timing import TREE_PASS_SIZES, tree_costs
-from specdec_core.verify import decide, decide_tree
+from specdec_core import verify
+from specdec_core.verify import decide
 
 from ..conftest import mutate, with_eos
 
 PROMPT = "def fib(n):"
 
 
-def test_a_chain_as_a_tree_decides_exactly_as_the_chain_rule():
+def test_the_chain_path_decides_a_chain_exactly_as_the_tree_path():
     torch.manual_seed(0)
     for seed in range(100):
         p, q = torch.softmax(torch.randn(5, 6) * 2, -1), torch.softmax(torch.randn(4, 6) * 2, -1)
         x = torch.multinomial(q, 1)[:, 0]
-        a = decide(x, q, p, torch.Generator().manual_seed(seed))
-        b = decide_tree(x, [-1, 0, 1, 2], q, p, torch.Generator().manual_seed(seed))
+        a = decide(x, [-1, 0, 1, 2], q, p, torch.Generator().manual_seed(seed))  # a chain: the vectorised path
+        b = verify._decide_tree(x, [-1, 0, 1, 2], q, p, torch.Generator().manual_seed(seed))
         assert (int(a.n_accepted), int(a.token), bool(a.rejected)) == (int(b.n_accepted), int(b.token), bool(b.rejected))
-        assert torch.equal(a.accept_probs, b.accept_probs) and b.on_path.tolist() == [i < a.n_accepted for i in range(4)]
+        assert torch.equal(a.accept_probs, b.accept_probs) and torch.equal(a.on_path, b.on_path)
+        assert torch.equal(a.p_x, b.p_x) and torch.equal(a.dist, b.dist)
 
 
 def emitted(p, q, first, second, u, monkeypatch):
-    """decide_tree at a root with two children (x1, then x2 drawn without replacement), with chosen uniforms."""
+    """decide at a root with two children (x1, then x2 drawn without replacement), with chosen uniforms."""
     q1, q2 = q, without(q, [first])
     monkeypatch.setattr(torch, "rand", lambda n, generator=None, device=None: torch.tensor(u))
-    return decide_tree(torch.tensor([first, second]), [-1, -1], torch.stack([q1, q2]), torch.stack([p, p, p]))
+    return decide(torch.tensor([first, second]), [-1, -1], torch.stack([q1, q2]), torch.stack([p, p, p]))
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -63,7 +65,7 @@ def test_greedy_tree_takes_the_branch_the_target_agrees_with():
     # root children 1 (wrong), 2 (right); node 2's children 3 (right), 4; the target then wants 5
     tokens, parents = torch.tensor([1, 2, 3, 4]), [-1, -1, 1, 1]
     p = torch.stack([one(2), one(0), one(3), one(5), one(0)])
-    d = decide_tree(tokens, parents, None, p)
+    d = decide(tokens, parents, None, p)
     assert d.on_path.tolist() == [False, True, True, False] and int(d.token) == 5 and not bool(d.rejected)
 
 
@@ -242,7 +244,7 @@ def first_tokens(drafter, samples: int) -> tuple[list[int], list[int]]:
         drafter.start(ids)
         d = drafter.propose(ids, cfg.k, cfg, g)
         p = MARKOV[ids[-1:] + d.tokens.tolist()].float()
-        verdict = decide_tree(d.tokens, d.parents, d.q, p, g) if len(d) else None
+        verdict = decide(d.tokens, d.parents, d.q, p, g) if len(d) else None
         path = verdict.on_path.nonzero().view(-1).tolist() if verdict is not None else []
         out.append(int(d.tokens[path[0]]) if path else int(torch.multinomial(p[0], 1, generator=g)))
         depths.append(max(tree_depths(d.parents), default=0) if len(d) else 0)
@@ -264,7 +266,7 @@ def test_trees_sized_by_looking_ahead_are_detected(monkeypatch):
     """The sizing rule before this one, planted back: the best count over every prefix of the ranked nodes, with
     the draft forwards of the round itself, on the timings as they are. The test above must catch it."""
     monkeypatch.setattr(PassCosts, "hull", property(lambda costs: sorted(costs.sizes.items())))
-    mutate(monkeypatch, ModelDrafter, "propose_tree", ("self.pass_cost, self.forwards)", "self.pass_cost, forwards)"))
+    mutate(monkeypatch, ModelDrafter, "propose", ("    draft = self.select(", "    self.forwards = forwards  # this round's own\n    draft = self.select("))
     mutate(monkeypatch, theory, "tree_size", ("    fixed, tokens", "    return max(range(len(ranked) + 1), key=lambda n: "
                                                  "(1 + sum(ranked[:n])) / (forwards * costs.draft + costs.verify(n + 1)))\n"
                                                  "    fixed, tokens"))

@@ -5,12 +5,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specdec_core.events import chain
 from specdec_core.verify import accept_probabilities, decide, residual_distribution
 
 
 def verify(draft_tokens, q, p, generator):
     """`decide`, read back: the accepted length and the token as ints, the residual when there was one."""
-    d = decide(draft_tokens, q, p, generator)
+    d = decide(draft_tokens, chain(draft_tokens.numel()), q, p, generator)
     return SimpleNamespace(n_accepted=int(d.n_accepted), token=int(d.token), accept_probs=d.accept_probs,
                            uniforms=d.uniforms, residual=d.dist if bool(d.rejected) else None)
 

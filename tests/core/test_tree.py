@@ -5,14 +5,13 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec_core import SpecConfig, generate, speculative_generate, theory
+from specdec_core import SpecConfig, generate, speculative_generate, theory, verify
 from specdec_core.cache import TreeInput
 from specdec_core.drafters import ModelDrafter, without
 from specdec_core.engine import encode_request
 from specdec_core.events import tree_depths
 from specdec_core.theory import PassCosts, tree_size
 from specdec_core.timing import TREE_PASS_SIZES, tree_costs
-from specdec_core import verify
 from specdec_core.verify import decide
 
 from ..conftest import mutate, with_eos

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from specdec_core.config import MAX_K, MAX_NEW_TOKENS, MAX_TEMPERATURE
+from specdec_core.messages import MESSAGES, Refusal
 
 LANGUAGES = {"English": "en", "Português (Brasil)": "pt"}
 
@@ -326,7 +327,67 @@ do alvo para cada um."""),
                    "normalised (top: {top}).",
                    "≥ {a:.3f}: rejeitado. O substituto {y} foi sorteado do resíduo max(0, p − q), normalizado "
                    "(maiores: {top})."),
+    # the pair's weights, in the status line
+    "weights_int8": ("int8, exact: the same logits in a step and in a pass",
+                     "int8, exato: os mesmos logits num passo e numa passada"),
+    "weights_prepacked": (", prepacked", ", pré-empacotado"),
+    # refusals of the app's own
+    "pair_format": ("A custom pair is written TARGET_ID,DRAFT_ID (for example "
+                    "Qwen/Qwen2.5-1.5B-Instruct,Qwen/Qwen2.5-0.5B-Instruct).",
+                    "Um par próprio se escreve ID_ALVO,ID_RASCUNHO (por exemplo "
+                    "Qwen/Qwen2.5-1.5B-Instruct,Qwen/Qwen2.5-0.5B-Instruct)."),
+    "model_gated": ("{model} is gated: accept its licence on the Hub and set HF_TOKEN.",
+                    "{model} é restrito: aceite a licença no Hub e defina HF_TOKEN."),
+    "model_remote_code": ("{model} needs custom (remote) code, which this app never runs.",
+                          "{model} precisa de código próprio (remoto), que este app nunca executa."),
+    "model_not_causal": ("{model} is not a causal language model (architectures: {archs}).",
+                         "{model} não é um modelo de linguagem causal (arquiteturas: {archs})."),
+    "model_no_safetensors": ("{model} ships no safetensors weights; pickle weights are never loaded.",
+                             "{model} não traz pesos safetensors; pesos em pickle nunca são carregados."),
+    "model_too_big": ("{model} has {gb:.1f} GB of weights, over this server's budget of {budget:.0f} GB.",
+                      "{model} tem {gb:.1f} GB de pesos, acima do limite deste servidor, {budget:.0f} GB."),
+    "model_not_dir": ("{model} is not a model directory with config.json and safetensors weights.",
+                      "{model} não é uma pasta de modelo com config.json e pesos safetensors."),
+    "model_not_found": ("{model} does not exist on the Hub, or is private.", "{model} não existe no Hub, ou é privado."),
+    "hub_unreachable": ("Could not reach the Hugging Face Hub to check {model} ({error}). Offline, only the bundled "
+                        "and tiny pairs are available.",
+                        "Não foi possível alcançar o Hugging Face Hub para conferir {model} ({error}). Sem rede, só os "
+                        "pares embutido e minúsculo estão disponíveis."),
+    "pair_not_listed": ("This server only serves its listed pairs; {model} is not among them.",
+                        "Este servidor só serve os pares da sua lista; {model} não está entre eles."),
+    "setting_missing": ("{name} is missing.", "{name} está faltando."),
+    "trace_not": ("This file is not a specdec trace (version 1 or {version}).",
+                  "Este arquivo não é um traço do specdec (versão 1 ou {version})."),
+    "trace_damaged": ("The trace is damaged: {error}", "O traço está danificado: {error}"),
+    "replay_failed": ("Cannot replay: {reason}", "Não é possível reproduzir: {reason}"),
 }
+# the core's refusals (specdec_core.messages): its English, and their Portuguese here
+CORE_PT = {
+    "not_integer": "{name} precisa ser um inteiro; veio {value}",
+    "not_number": "{name} precisa ser um número finito; veio {value}",
+    "k_range": "k (tamanho do rascunho) precisa estar entre 1 e {limit}; veio {value}",
+    "max_new_tokens_range": "max_new_tokens precisa estar entre 1 e {limit}; veio {value}",
+    "temperature_range": "a temperatura precisa estar entre 0 e {limit}; veio {value}",
+    "top_p_range": "top_p precisa estar em (0, 1]; veio {value}",
+    "top_k_range": "top_k precisa ser 0 (desligado) ou positivo; veio {value}",
+    "seed_range": "a semente precisa estar entre 0 e 2**63-1; veio {value}",
+    "min_confidence_range": "min_confidence precisa estar em [0, 1); veio {value}",
+    "tree_nodes_range": "tree_nodes precisa estar entre 0 (uma cadeia) e {limit}; veio {value}",
+    "record_top_range": "record_top precisa ser >= 0; veio {value}",
+    "prompt_empty": "O prompt está vazio: escreva algo para gerar a partir dele.",
+    "prompt_chars": "O prompt tem {n:,} caracteres; o limite é {limit:,}.",
+    "prompt_no_tokens": "O prompt não vira nenhum token.",
+    "prompt_context": "O prompt tem {n} tokens; com max_new_tokens={new} isso passa do contexto do modelo, "
+                      "{context} tokens. Encurte o prompt ou peça menos tokens.",
+    "method_unknown": "o método precisa ser 'speculative' ou 'autoregressive'; veio {value}",
+    "no_draft": "O par {pair} não tem modelo de rascunho; escolha prompt-lookup ou early-exit.",
+    "drafter_unknown": "Rascunhador desconhecido {value}: use model, hybrid, prompt-lookup ou early-exit.",
+    "early_exit_layers": "A saída antecipada precisa de 1 <= camadas < {total}; veio {value}: este alvo é raso demais.",
+    "custom_pair_ids": "Um par próprio precisa do id (ou pasta) do alvo e do rascunho.",
+    "tokenizers_differ": "O rascunho {draft} e o alvo {target} usam tokenizadores diferentes; a decodificação "
+                         "especulativa precisa de um só vocabulário.",
+}
+TEXT.update({key: (MESSAGES[key], pt) for key, pt in CORE_PT.items()})
 
 
 def code(lang: str) -> str:
@@ -341,18 +402,13 @@ def t(key: str, lang: str = "en", **values) -> str:
     return text.format(**values) if values else text
 
 
-class Said(ValueError):
+class Said(Refusal):
     """A refusal the visitor reads in their language: a text key and its values. str() is the English text
-    (the API, logs); text(lang) is what the page shows."""
+    (the API, logs); said(err, lang) is what the page shows."""
 
-    def __init__(self, key: str, **values):
-        super().__init__(t(key, "en", **values))
-        self.key, self.values = key, values
-
-    def text(self, lang: str) -> str:
-        return t(self.key, lang, **self.values)
+    table = {key: en for key, (en, _) in TEXT.items()}
 
 
 def said(err: Exception, lang: str) -> str:
-    """An error's message in `lang` when it was said with a key, else as it was raised."""
-    return err.text(lang) if isinstance(err, Said) else str(err)
+    """An error's message in `lang` when it was said with a key (the app's or the core's), else as it was raised."""
+    return t(err.key, lang, **err.values) if isinstance(err, Refusal) else str(err)

@@ -5,12 +5,14 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from specdec_core import load_pair
+from specdec_core.messages import Refusal
 from specdec_core.theory import expected_speedup
 from specdec_core.timing import probe_costs
 
-from .i18n import t
+from .i18n import Said, said, t
 
 PRESETS = {
     "Bundled: Qwen2.5-Coder 1.5B ← 0.5B (offline, CPU)": "bundled",
@@ -19,6 +21,16 @@ PRESETS = {
     "SmolLM2-1.7B-Instruct ← SmolLM2-135M-Instruct": "HuggingFaceTB/SmolLM2-1.7B-Instruct,HuggingFaceTB/SmolLM2-135M-Instruct",
     "Tiny random pair (instant; gibberish, for trying the UI)": "tiny",
 }
+class Weights(NamedTuple):
+    """The target's weights, said in the visitor's language: a dtype, or int8 (exact), and whether prepacked."""
+    kind: str
+    prepacked: bool
+
+    def text(self, lang: str) -> str:
+        kind = t("weights_int8", lang) if self.kind == "int8" else self.kind
+        return kind + (t("weights_prepacked", lang) if self.prepacked else "")
+
+
 MEMORY_BUDGET_GB = float(os.environ.get("SPECDEC_MEMORY_BUDGET_GB", "40"))  # largest pair (weights) we agree to load
 
 
@@ -28,27 +40,26 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
         return spec, None
     target, sep, draft = spec.partition(",")
     if not sep or not target.strip() or not draft.strip():
-        raise ValueError("A custom pair is written TARGET_ID,DRAFT_ID (for example "
-                         "Qwen/Qwen2.5-1.5B-Instruct,Qwen/Qwen2.5-0.5B-Instruct).")
+        raise Said("pair_format")
     return target.strip(), draft.strip()
 
 
-def judge_model_info(model_id: str, info, budget_bytes: float) -> str | None:
+def judge_model_info(model_id: str, info, budget_bytes: float) -> Said | None:
     """Why a hub model must not be loaded (from its metadata, before any download), or None."""
     config = getattr(info, "config", None) or {}
     if getattr(info, "gated", False) and not os.environ.get("HF_TOKEN"):
-        return f"{model_id} is gated: accept its licence on the Hub and set HF_TOKEN."
+        return Said("model_gated", model=model_id)
     if config.get("auto_map"):
-        return f"{model_id} needs custom (remote) code, which this app never runs."
+        return Said("model_remote_code", model=model_id)
     archs = config.get("architectures") or []
     if not any(a.endswith("ForCausalLM") for a in archs):
-        return f"{model_id} is not a causal language model (architectures: {', '.join(archs) or 'unknown'})."
+        return Said("model_not_causal", model=model_id, archs=", ".join(archs) or "?")
     files = [s for s in (getattr(info, "siblings", None) or []) if s.rfilename.endswith(".safetensors")]
     if not files:
-        return f"{model_id} ships no safetensors weights; pickle weights are never loaded."
+        return Said("model_no_safetensors", model=model_id)
     size = sum(s.size or 0 for s in files)
     if size > budget_bytes:
-        return f"{model_id} has {size / 1e9:.1f} GB of weights, over this server's budget of {budget_bytes / 1e9:.0f} GB."
+        return Said("model_too_big", model=model_id, gb=size / 1e9, budget=budget_bytes / 1e9)
     return None
 
 
@@ -57,7 +68,7 @@ def check_model_id(model_id: str, budget_bytes: float) -> None:
     path = Path(model_id).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists() or not list(path.glob("*.safetensors")):
-            raise ValueError(f"{model_id} is not a model directory with config.json and safetensors weights.")
+            raise Said("model_not_dir", model=model_id)
         return
     from huggingface_hub import HfApi
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
@@ -65,15 +76,14 @@ def check_model_id(model_id: str, budget_bytes: float) -> None:
     try:
         info = HfApi().model_info(model_id, files_metadata=True)
     except GatedRepoError:
-        raise ValueError(f"{model_id} is gated: accept its licence on the Hub and set HF_TOKEN.") from None
+        raise Said("model_gated", model=model_id) from None
     except RepositoryNotFoundError:
-        raise ValueError(f"{model_id} does not exist on the Hub, or is private.") from None
+        raise Said("model_not_found", model=model_id) from None
     except Exception as err:  # offline, DNS, timeouts
-        raise ValueError(f"Could not reach the Hugging Face Hub to check {model_id} ({err.__class__.__name__}). "
-                         "Offline, only the bundled and tiny pairs are available.") from None
+        raise Said("hub_unreachable", model=model_id, error=err.__class__.__name__) from None
     reason = judge_model_info(model_id, info, budget_bytes)
     if reason:
-        raise ValueError(reason)
+        raise reason
 
 
 class PairManager:
@@ -96,7 +106,9 @@ class PairManager:
         self.says = [(key, values)]
 
     def status_text(self, lang: str = "en") -> str:
-        return "".join(t(key, lang, **values) for key, values in self.says)
+        says = lambda value: value.text(lang) if isinstance(value, Weights) else said(value, lang)
+        return "".join(t(key, lang, **{name: says(v) if isinstance(v, (Refusal, Weights)) else v for name, v in
+                                       values.items()}) for key, values in self.says)
 
     @property
     def status(self) -> str:
@@ -111,7 +123,7 @@ class PairManager:
         if draft is not None and not self.allow_custom:
             for model_id in (target, draft):
                 if model_id not in self.allowlist:
-                    raise ValueError(f"This server only serves its listed pairs; {model_id} is not among them.")
+                    raise Said("pair_not_listed", model=model_id)
         return target, draft
 
     def load(self, spec: str) -> str:
@@ -134,11 +146,13 @@ class PairManager:
             self.pair, self.spec = pair, spec
             dtype = str(pair.dtype).replace("torch.", "")
             self.says = [("status_ready", dict(target=pair.info.get("target"), draft=pair.info.get("draft"),
-                                               device=pair.device, weights=pair.info.get("target_weights", dtype),
+                                               device=pair.device, weights=Weights(pair.info.get("target_weights", dtype),
+                                                                                   pair.info.get("target_prepacked", False)),
                                                draft_weights=pair.info.get("draft_quant", dtype), seconds=seconds))]
             self.says += verdict
         except Exception as err:  # a failed load must leave the app serving the previous pair
-            reason = str(err) if isinstance(err, (ValueError, RuntimeError, OSError)) else repr(err)
+            plain = isinstance(err, (ValueError, RuntimeError, OSError))  # a library's own message, as it said it
+            reason = err if isinstance(err, Refusal) else str(err) if plain else repr(err)
             self.failed = True
             self.says = [("status_failed", dict(spec=spec, reason=reason))] + (
                 [("status_still", {}), *previous] if previous else [])

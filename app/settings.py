@@ -5,6 +5,8 @@ from dataclasses import dataclass, fields
 
 from specdec_core import SpecConfig
 
+from .i18n import Said
+
 INSPECTOR_TOP = 5  # top-n probabilities the inspector shows per position
 
 
@@ -21,7 +23,7 @@ def ask(values: dict) -> Ask:
     for name in ("k", "max_new_tokens", "top_k", "seed"):
         value = values.get(name, 0)
         if value is None or (isinstance(value, str) and not value.strip()):
-            raise ValueError(f"{name} is missing.")
+            raise Said("setting_missing", name=name)
     names = {f.name for f in fields(SpecConfig)}
     given = {name: value for name, value in values.items() if name in names and value is not None}
     cfg = SpecConfig(**{"record_top": INSPECTOR_TOP, **given})

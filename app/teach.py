@@ -11,7 +11,7 @@ import gradio as gr
 
 from . import plots
 from .handlers import empty_view, view
-from .i18n import code, t
+from .i18n import Said, code, said, t
 from .inspector import decision_figure, decision_text, sweep_figure, theory_figure, tree_theory_figure, where_text
 from .race import advance, run, start_race
 from .render import message_html
@@ -66,13 +66,13 @@ def step_round(manager, race, prompt, settings: dict):
         wanted = ask(settings)
         if race is None or race.done or race.tokenizer is None or race.meta.get("prompt") != prompt:
             if pair is None:
-                raise ValueError("No model is loaded yet.")
+                raise Said("no_model")
             race = start_race(pair, prompt, wanted.cfg, wanted.drafter)
         before = len(race.spec.events)
         while len(race.spec.events) == before and advance(race):
             pass
     except ValueError as err:
-        return empty_view(str(err))
+        return empty_view(said(err, settings.get("lang") or "en"))
     shown = view(race, wanted.lang)
     note = message_html(caption(race.spec.events[-1], wanted.lang), "info") if race.spec.events else ""
     return shown._replace(summary=shown.summary + note)
@@ -107,7 +107,7 @@ def sweep(manager, prompt, settings: dict, temperatures=False):
                 points.append((kk, race.spec.stats.decode_tokens_per_s / plain.decode_tokens_per_s))
             series.append((temp, plain, first, points))
     except ValueError as err:
-        yield message_html(str(err), "error"), gr.skip()
+        yield message_html(said(err, lang), "error"), gr.skip()
         return
     best = max(((temp, kk, x) for temp, _, _, points in series for kk, x in points), key=lambda b: b[2])
     yield message_html(t("sweep_done", lang, k=best[1], temp=best[0], x=best[2]), "info"), sweep_figure(series, lang)
@@ -126,7 +126,7 @@ def replay(file, speed: float = 1.0, lang: str = "en"):
     try:
         race, timeline = from_trace(Path(file).read_text() if file else "")
     except (OSError, ValueError, UnicodeDecodeError) as err:
-        yield empty_view(f"Cannot replay: {err}")
+        yield empty_view(t("replay_failed", lang, reason=said(err, lang)))
         return
     start, last_plots = time.monotonic(), 0.0
     for item in timeline:

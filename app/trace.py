@@ -12,6 +12,7 @@ from dataclasses import asdict
 from specdec_core import SpecConfig
 from specdec_core.events import RoundEvent
 
+from .i18n import Said
 from .race import Lane, Race
 
 VERSION = 2
@@ -54,7 +55,7 @@ def from_trace(data: dict | str) -> tuple[Race, list[Step]]:
     if isinstance(data, str):
         data = json.loads(data)
     if not isinstance(data, dict) or data.get("format") != "specdec-trace" or data.get("version") not in (1, VERSION):
-        raise ValueError(f"This file is not a specdec trace (version 1 or {VERSION}).")
+        raise Said("trace_not", version=VERSION)
     try:
         cfg = SpecConfig(**data["settings"])
         labels = {int(k): str(v) for k, v in data["labels"].items()}
@@ -67,7 +68,7 @@ def from_trace(data: dict | str) -> tuple[Race, list[Step]]:
                 timeline.append((name, e, texts[: len(e.committed)], tail if e.finished else ""))
                 texts = texts[len(e.committed):]
     except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"The trace is damaged: {err}") from None
+        raise Said("trace_damaged", error=str(err)) from None
     timeline.sort(key=lambda item: item[1].elapsed_s)
     race = Race(lanes["plain"], lanes["speculative"], cfg, labels=labels, meta=dict(data.get("meta") or {}))
     return race, timeline

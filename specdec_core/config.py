@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
+from .messages import Refusal
+
 # Caps shared by the engine, the app and the API. They bound the work one request can ask for.
 MAX_K = 16
 MAX_TREE_NODES = 64
@@ -41,31 +43,31 @@ class SpecConfig:
                 if isinstance(v, float) and v.is_integer():
                     object.__setattr__(self, f.name, int(v))
                 elif not isinstance(v, int):
-                    raise ValueError(f"{f.name} must be an integer, got {v!r}")
+                    raise Refusal("not_integer", name=f.name, value=repr(v))
             elif f.type == "float":
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                    raise ValueError(f"{f.name} must be a finite number, got {v!r}")
+                    raise Refusal("not_number", name=f.name, value=repr(v))
                 object.__setattr__(self, f.name, float(v))
         if not 1 <= self.k <= MAX_K:
-            raise ValueError(f"k (draft length) must be between 1 and {MAX_K}, got {self.k}")
+            raise Refusal("k_range", limit=MAX_K, value=self.k)
         if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
-            raise ValueError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got {self.max_new_tokens}")
+            raise Refusal("max_new_tokens_range", limit=MAX_NEW_TOKENS, value=self.max_new_tokens)
         if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
-            raise ValueError(f"temperature must be between 0 and {MAX_TEMPERATURE}, got {self.temperature}")
+            raise Refusal("temperature_range", limit=MAX_TEMPERATURE, value=self.temperature)
         if self.temperature < GREEDY_BELOW:
             object.__setattr__(self, "temperature", 0.0)
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise Refusal("top_p_range", value=self.top_p)
         if self.top_k < 0:
-            raise ValueError(f"top_k must be 0 (off) or positive, got {self.top_k}")
+            raise Refusal("top_k_range", value=self.top_k)
         if not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be between 0 and 2**63-1, got {self.seed}")
+            raise Refusal("seed_range", value=self.seed)
         if not 0.0 <= self.min_confidence < 1.0:
-            raise ValueError(f"min_confidence must be in [0, 1), got {self.min_confidence}")
+            raise Refusal("min_confidence_range", value=self.min_confidence)
         if not 0 <= self.tree_nodes <= MAX_TREE_NODES:
-            raise ValueError(f"tree_nodes must be between 0 (a chain) and {MAX_TREE_NODES}, got {self.tree_nodes}")
+            raise Refusal("tree_nodes_range", limit=MAX_TREE_NODES, value=self.tree_nodes)
         if self.record_top < 0:
-            raise ValueError(f"record_top must be >= 0, got {self.record_top}")
+            raise Refusal("record_top_range", value=self.record_top)
 
     @classmethod
     def options(cls, skip=()) -> list[tuple[str, type, object, str]]:

@@ -20,6 +20,7 @@ from torch import nn
 
 from .cache import CachedModel, TreeInput
 from .events import chain
+from .messages import Refusal
 from .sampling import sample, warp
 from .theory import PassCosts, tree_size
 from .timing import tree_costs
@@ -346,7 +347,7 @@ def truncated_view(model: nn.Module, layers: int) -> nn.Module:
     inner = model.get_decoder()
     total = len(inner.layers)
     if not 1 <= layers < total:
-        raise ValueError(f"early exit needs 1 <= layers < {total}, got {layers}")
+        raise Refusal("early_exit_layers", total=total, value=layers)
     view_inner = copy.copy(inner)
     view_inner._modules = dict(inner._modules)  # own module table, shared modules
     view_inner.layers = nn.ModuleList(list(inner.layers)[:layers])
@@ -367,7 +368,7 @@ def make_drafter(pair, name: str = "model", cfg=None):
     costs = tree_costs(pair) if cfg is not None and cfg.tree_nodes and name != "prompt-lookup" else None
     if name in ("model", "hybrid"):
         if pair.draft is None:
-            raise ValueError(f"The pair {pair.name!r} has no draft model; choose prompt-lookup or early-exit.")
+            raise Refusal("no_draft", pair=repr(pair.name))
         drafter = ModelDrafter(pair.cached("draft"), pass_cost=costs)
         return drafter if name == "model" else HybridDrafter(drafter)
     if name == "prompt-lookup":
@@ -375,4 +376,4 @@ def make_drafter(pair, name: str = "model", cfg=None):
     if name == "early-exit":
         layers = max(1, len(pair.target.get_decoder().layers) // 4)
         return EarlyExitDrafter(pair.target, pair.vocab, layers, pass_cost=costs)
-    raise ValueError(f"Unknown drafter {name!r}: use model, hybrid, prompt-lookup or early-exit.")
+    raise Refusal("drafter_unknown", value=repr(name))

@@ -16,6 +16,7 @@ from .cache import TreeInput
 from .config import MAX_K, MAX_PROMPT_CHARS, SpecConfig
 from .drafters import Draft, NoDrafter, make_drafter
 from .events import Result, RoundEvent, chain, summarize, tree_depths
+from .messages import Refusal
 from .sampling import NON_FINITE, NonFiniteLogitsError, warp
 from .text import encode_prompt
 from .timing import Clock
@@ -26,13 +27,12 @@ from .verify import Decision, decide
 def encode_request(pair, prompt: str | list[int], cfg: SpecConfig) -> list[int]:
     """The prompt's token ids, checked against the limits and the model's context (ValueError with a message)."""
     if isinstance(prompt, str) and len(prompt) > MAX_PROMPT_CHARS:
-        raise ValueError(f"The prompt is {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}.")
+        raise Refusal("prompt_chars", n=len(prompt), limit=MAX_PROMPT_CHARS)
     ids = encode_prompt(pair.tokenizer, prompt, cfg.chat) if isinstance(prompt, str) else list(prompt)
     if not ids:
-        raise ValueError("The prompt encodes to no tokens.")
+        raise Refusal("prompt_no_tokens")
     if len(ids) + cfg.max_new_tokens > pair.context_length:
-        raise ValueError(f"The prompt is {len(ids)} tokens; with max_new_tokens={cfg.max_new_tokens} that exceeds "
-                         f"the model's context of {pair.context_length} tokens. Shorten the prompt or ask for fewer tokens.")
+        raise Refusal("prompt_context", n=len(ids), new=cfg.max_new_tokens, context=pair.context_length)
     return ids
 
 
@@ -55,7 +55,7 @@ def generate(pair, prompt, cfg: SpecConfig, method: str = "speculative", drafter
     elif method == "autoregressive":
         stream = autoregressive_generate(pair, prompt_ids, cfg)
     else:
-        raise ValueError(f"method must be 'speculative' or 'autoregressive', got {method!r}")
+        raise Refusal("method_unknown", value=repr(method))
     events = list(stream)
     ids = [t for e in events for t in e.committed]
     text = pair.tokenizer.decode(ids, skip_special_tokens=True)

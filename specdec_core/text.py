@@ -1,6 +1,8 @@
 """Prompt encoding and incremental detokenisation."""
 from __future__ import annotations
 
+from .messages import Refusal
+
 _SLOT = "\ue000specdec-prompt\ue000"  # private-use characters: never in a chat template
 
 
@@ -11,7 +13,7 @@ def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
     not the control token, so a prompt cannot forge the conversation's structure.
     """
     if not isinstance(prompt, str) or not prompt.strip():
-        raise ValueError("The prompt is empty: type something to generate from.")
+        raise Refusal("prompt_empty")
     literal = tokenizer(prompt, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     if chat and getattr(tokenizer, "chat_template", None):
         before, after = _template(tokenizer)

@@ -10,8 +10,9 @@ distribution, whatever q is, provided q is the distribution x was actually sampl
 `decide` does all of it on the device, with no value read back to the host, so a GPU never waits
 for the CPU in the middle of a round.
 
-**Trees.** A draft is a tree; a chain is the tree with one branch. A node may have several children: candidates for the same position. They
-are judged one after another, each against what the earlier ones left: recursive rejection sampling,
+**Trees.** A draft is a tree, and a chain is the tree with one branch. A node may have several
+children: candidates for the same position. They are judged one after another, each against what the
+earlier ones left: recursive rejection sampling,
 as in SpecInfer's multi-step speculative sampling (Miao et al. 2024), here with the children drawn
 without replacement, as in recursive speculative decoding (Jeon et al. 2024). At a node whose target
 distribution is p:
@@ -29,8 +30,8 @@ is 0 then), so greedy output is the target's own token for token. And whether a 
 at all may depend on anything but the token drawn there (else the kept children are a biased sample:
 the drafter ranks the j-th child by its parent's j-th largest probability, not by its own). Chosen
 because it is exact for any q, point masses included, uses nothing but the one pass's p, and is the
-chain rule when every node has one child: there `decide` takes a shorter path (one vectorised
-comparison and a prefix) that makes the same draws and choices.
+chain rule when every node has one child: there `decide` takes a shorter path (every verdict at once,
+then the accepted prefix) that makes the same draws and choices.
 """
 from __future__ import annotations
 

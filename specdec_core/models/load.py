@@ -7,6 +7,7 @@ import os
 import torch
 
 from ..cache import PADDED_SIZES, CompiledForward
+from ..messages import Refusal
 from .attention import GROUPED, ROWS
 from .pair import Pair, Progress, check_tokenizers, make_pair, pick_device, pick_dtype
 
@@ -51,7 +52,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
         from .bundled import MANIFEST, load_bundled
         pair, folders = load_bundled(dev, dt, progress, cache_dir)
     elif draft is None:
-        raise ValueError("A custom pair needs both a target and a draft model id (or directory).")
+        raise Refusal("custom_pair_ids")
     else:
         pair = load_hub_pair(target, draft, dev, dt, progress)
     from .quant import can_pack, cheapen_draft, pack_linears, quant_label, quantise_target
@@ -71,14 +72,14 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
         if dev.type != "cpu":
             raise ValueError("target_quant='int8' runs on CPUs only.")
         quantise_target(pair.target, *saved("target", "target-int8.safetensors"))
-        pair.info["target_weights"] = "int8, exact: the same logits in a step and in a pass"
+        pair.info["target_weights"] = "int8"  # exact: the same logits in a step and in a pass
     if cpu_bf16 and not as_built:  # every remaining Linear weight prepacked for oneDNN (same numbers, faster)
         for role in ("target", "draft"):
             model = getattr(pair, role)
             if model is not None and can_pack(model):
                 pack_linears(model)
                 pair.info["packed"] = "oneDNN prepacked weights"
-                pair.info["target_weights"] += ", prepacked" if role == "target" else ""
+                pair.info["target_prepacked"] = pair.info.get("target_prepacked") or role == "target"
     if dev.type == "cpu":
         for model in (pair.target, pair.draft):
             if model is not None:

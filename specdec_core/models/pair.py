@@ -9,6 +9,7 @@ from typing import Callable
 import torch
 
 from ..cache import CachedModel, CompiledForward, SharedHead
+from ..messages import Refusal
 from ..text import template_head
 from ..theory import PassCosts
 
@@ -75,8 +76,7 @@ def eos_ids_of(model, tokenizer) -> frozenset[int]:
 
 def check_tokenizers(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
     if target_tok.get_vocab() != draft_tok.get_vocab() or target_tok.all_special_tokens != draft_tok.all_special_tokens:
-        raise ValueError(f"The draft {draft_name!r} and the target {target_name!r} use different tokenizers; "
-                         "speculative decoding needs both to share one vocabulary.")
+        raise Refusal("tokenizers_differ", draft=repr(draft_name), target=repr(target_name))
 
 
 def make_pair(name, target, draft, tokenizer, device, dtype, info=None) -> Pair:

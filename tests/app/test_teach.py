@@ -1,16 +1,21 @@
 """Teaching tools without a browser: the sweep, clicking a token, and both languages."""
+import ast
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import plotly.graph_objects as go
+import pytest
 
 from app import teach
 from app.handlers import lane_pieces, view
-from app.i18n import TEXT, t
+from app.i18n import CORE_PT, TEXT, said, t
 from app.inspector import decision_text
+from app.pairs import Weights
 from app.race import run, start_race
 from app.ui import build
 from specdec_core import SpecConfig
+from specdec_core.messages import MESSAGES
 
 
 def test_sweep_runs_every_k_at_every_temperature_and_plots_both(tiny):
@@ -57,6 +62,29 @@ def test_portuguese_covers_every_text_and_keeps_numbers():
         assert sorted(re.findall(r"{(\w+)", en)) == sorted(re.findall(r"{(\w+)", pt)), key  # same fields
     assert t("generate", "Português (Brasil)") == t("generate", "pt") == "Gerar"
     assert t("generate", "klingon") == "Generate"
+
+
+def literal_messages(path: Path) -> list[str]:
+    """Where `path` raises ValueError or RuntimeError with a message written out in English, not a text key."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and getattr(node.exc.func, "id", "") in (
+                "ValueError", "RuntimeError") and node.exc.args and isinstance(node.exc.args[0], (ast.Constant, ast.JoinedStr)):
+            found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_every_refusal_a_visitor_can_read_is_said_in_both_languages():
+    assert set(CORE_PT) == set(MESSAGES)  # every refusal of the core has its Portuguese here
+    root = Path(__file__).resolve().parents[2]
+    reachable = [*(root / "app").glob("*.py"), *(root / "specdec_core" / name for name in (
+        "config.py", "engine.py", "text.py", "drafters.py"))]  # the app, and what the app hands a visitor's input to
+    assert [where for path in reachable for where in literal_messages(path)] == []
+    assert len(literal_messages(root / "specdec_core" / "models" / "load.py")) > 1  # the scan finds them (loader options)
+    with pytest.raises(ValueError) as refused:
+        SpecConfig(k=99)
+    assert "entre 1 e 16" in said(refused.value, "pt") and "between 1 and 16" in str(refused.value)
+    assert Weights("int8", True).text("pt") == "int8, exato: os mesmos logits num passo e numa passada, pré-empacotado"
 
 
 def test_results_follow_the_language(tiny):

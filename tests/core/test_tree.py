@@ -265,7 +265,8 @@ def test_trees_sized_by_looking_ahead_are_detected(monkeypatch):
     """The sizing rule before this one, planted back: the best count over every prefix of the ranked nodes, with
     the draft forwards of the round itself, on the timings as they are. The test above must catch it."""
     monkeypatch.setattr(PassCosts, "hull", property(lambda costs: sorted(costs.sizes.items())))
-    mutate(monkeypatch, ModelDrafter, "propose", ("    draft = self.select(", "    self.forwards = forwards  # this round's own\n    draft = self.select("))
+    own = "    self.forwards = forwards  # this round's own\n    draft = self.select("
+    mutate(monkeypatch, ModelDrafter, "propose", ("    draft = self.select(", own))
     mutate(monkeypatch, theory, "tree_size", ("    fixed, tokens", "    return max(range(len(ranked) + 1), key=lambda n: "
                                                  "(1 + sum(ranked[:n])) / (forwards * costs.draft + costs.verify(n + 1)))\n"
                                                  "    fixed, tokens"))

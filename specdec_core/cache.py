@@ -90,11 +90,13 @@ class CachedModel:
     """Position-indexed state: the cache holds exactly the first `length` committed tokens.
 
     Rolling back after a rejection is `crop(length)`; nothing before it is ever recomputed.
-    `static`: the model's compiled steps (a pooled static cache is used); `head`: the prompt head it shares.
+    `static`: the model's compiled steps (a pooled static cache is used); `head`: the prompt head it shares;
+    `step`: a decoding step of its own, step(ids, cache, length, keep) -> logits, or None where it cannot take one.
     """
 
-    def __init__(self, model, vocab: int, static: CompiledForward | None = None, head: SharedHead | None = None):
-        self.model, self.vocab = model, vocab
+    def __init__(self, model, vocab: int, static: CompiledForward | None = None, head: SharedHead | None = None,
+                 step=None):
+        self.model, self.vocab, self.step = model, vocab, step
         self.device = model.get_input_embeddings().weight.device
         self.static = static
         self.head = None if static else head  # a static cache's keys sit in fixed buffers: nothing to copy in
@@ -127,6 +129,8 @@ class CachedModel:
             logits = out.logits[0]
         elif self.static and self.static.compiled and not prompt and n <= PADDED_SIZES[-1]:
             logits = self._compiled_forward(ids, keep)
+        elif self.step and not self.static and not prompt:
+            logits = self.step(ids, self.cache, self.length, keep)
         if logits is None:
             out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
             logits = out.logits[0]

@@ -10,6 +10,7 @@ from ..cache import PADDED_SIZES, CompiledForward
 from ..messages import Refusal
 from .attention import GROUPED, ROWS
 from .pair import Pair, Progress, check_tokenizers, make_pair, pick_device, pick_dtype
+from .step import DecodeStep
 
 
 def load_pair(target: str = "bundled", draft: str | None = None, device: str = "auto", dtype: str = "auto",
@@ -67,6 +68,8 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
         # SDPA would repeat the key/value heads over the whole cache every step: a draft step at 1,000 tokens of
         # context would cost nearly twice one at 128 (docs/benchmarks.md); the draft changes only speed
         pair.draft.set_attn_implementation(GROUPED)
+        if DecodeStep.fits(pair.draft):  # its decoding steps written out (step.py); prompts and trees as above
+            pair.steps["draft"] = DecodeStep(pair.draft)
     pair.info["target_weights"], pair.info["target_quant"] = str(dt).replace("torch.", ""), target_quant
     if target_quant == "int8":
         if dev.type != "cpu":

@@ -30,14 +30,15 @@ class Pair:
     info: dict = field(default_factory=dict)  # shown to people: model names, parameter counts, kernels, load time
     compiled: dict[str, CompiledForward] = field(default_factory=dict)  # "target" / "draft" -> its compiled forward
     heads: dict[str, SharedHead] = field(default_factory=dict)  # "target" / "draft" -> the chat head's keys and values
+    steps: dict[str, Callable] = field(default_factory=dict)  # "draft" -> its written-out decoding step (step.py)
     pass_costs: PassCosts | None = None  # what sizes token trees here: timed on first use (timing.tree_costs)
 
     def cached(self, role: str) -> CachedModel:
-        """A fresh cache over the target or the draft, with that model's compiled steps and shared head
-        (not another model's: dataclasses.replace may have swapped the model and kept the dicts)."""
-        model, compiled, head = getattr(self, role), self.compiled.get(role), self.heads.get(role)
-        return CachedModel(model, self.vocab, compiled if compiled and compiled.model is model else None,
-                           head if head and head.model is model else None)
+        """A fresh cache over the target or the draft, with that model's compiled or written-out steps and shared
+        head (not another model's: dataclasses.replace may have swapped the model and kept the dicts)."""
+        model = getattr(self, role)
+        own = lambda kind: (lambda x: x if x is not None and x.model is model else None)(getattr(self, kind).get(role))
+        return CachedModel(model, self.vocab, own("compiled"), own("heads"), own("steps"))
 
 
 def pick_device(device: str = "auto") -> torch.device:

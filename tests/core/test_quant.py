@@ -8,6 +8,7 @@ import torch
 from safetensors import safe_open
 
 from specdec_core import SpecConfig, generate
+from specdec_core.cache import CachedModel, TreeInput
 from specdec_core.models.quant import (
     DynamicInt8Linear,
     Int4Linear,
@@ -21,6 +22,7 @@ from specdec_core.models.quant import (
     quantise_target,
     replace_linears,
 )
+from specdec_core.models.step import DecodeStep
 
 from ..conftest import with_eos
 
@@ -206,3 +208,34 @@ def test_compiled_steps_refuse_to_replace_the_exact_targets_attention():
         load_pair("tiny", target_quant="int8", graphs="inductor")
     pair = load_pair("tiny", target_quant="int8")  # no compiled steps: the exact target as it is
     assert pair.target.config._attn_implementation == "specdec_rows" and not pair.compiled
+
+
+def test_the_written_out_draft_step_follows_the_general_forward(tiny):
+    """The draft's decoding step on CPUs (models/step.py) against transformers' forward of the same int4 model:
+    the same numbers up to bfloat16 rounding, whether the cache was last grown by a step or by the general forward
+    (a prompt, a tree level), cropped after a rejection or compacted onto a tree's path."""
+    draft = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16))
+    assert DecodeStep.fits(draft) and not DecodeStep.fits(tiny.draft)  # float32 projections: the general forward
+    step, taken = DecodeStep(draft), []
+    spy = lambda *args: taken.append(args[0].shape[1]) or step(*args)
+    fast, general = CachedModel(draft, tiny.vocab, step=spy), CachedModel(draft, tiny.vocab)
+    prompt = [(7 * i) % 250 + 3 for i in range(40)]
+    fast.prefill(prompt), general.prefill(prompt)
+    assert not taken  # a prompt takes the general forward
+    worst, scale = 0.0, 0.0
+    for i in range(30):
+        n = 2 if i % 5 == 0 else 1
+        ids = torch.tensor([(11 * i + j) % 250 + 3 for j in range(n)])
+        mine, theirs = fast.forward(ids, keep=n), general.forward(ids, keep=n)
+        worst, scale = max(worst, (mine.float() - theirs.float()).abs().max().item()), max(scale, theirs.abs().max().item())
+        if i % 7 == 3:  # a rejection: back one token
+            fast.crop(fast.length - 1), general.crop(general.length - 1)
+        if i % 9 == 4:  # a tree level through the general forward, then its path kept
+            for lm in (fast, general):
+                lm.forward(torch.tensor([9, 10, 11]), keep=3, tree=TreeInput([-1, -1, 0]))
+                lm.compact(lm.length - 3, [0, 2])
+        assert fast.length == general.length and int(fast.cache.get_seq_length()) == fast.length
+    assert taken.count(1) > 15 and taken.count(2) == 6  # one and two tokens a step, all through the step
+    assert worst < 0.05 * scale, (worst, scale)  # rounding at most, not another function
+    # 64-row blocks: gate and up (128 rows each) are one product; k and v (32 rows) would shift q's blocks
+    assert [step.layers[0][i].__name__ for i in (1, 4)] == ["one_by_one", "product"]

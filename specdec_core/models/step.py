@@ -1,0 +1,115 @@
+"""The draft's decoding step on CPUs, written out in tensor operations.
+
+A step of the 0.5B draft feeds one or two tokens through 24 layers. Its int4 products read the weights
+once and are most of the time; the rest of transformers' general forward (module calls, a cache that
+concatenates every layer's keys and values, casts, masks) costs a fifth of a step on two cores. Here a
+Llama-shaped decoder (Qwen2, Llama) takes its step as one loop over its layers:
+- the q/k/v products are one int4 product, and so are gate and up (their packed rows concatenated);
+- keys and values are written into spare room behind the cache's tensors instead of concatenated;
+- the attention is one SDPA call per layer over the grouped key/value heads.
+
+It serves the draft only. A draft changes the speed, never the output: its logits may differ from the
+general forward's by rounding, and its tokens are verified by the target whatever they are.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .quant import Int4Linear
+
+ROOM = 256  # spare positions allocated behind a cache's keys and values, at least
+
+
+def int4_product(linears: list[Int4Linear]):
+    """One int4 product for several projections of the same input: their packed rows stacked, their outputs side
+    by side. The kernel packs rows in blocks (64 on this CPU kernel), so stacking is exact only where each part
+    fills whole blocks: checked here on a random input, else the parts run one by one."""
+    packed = torch.cat([m.packed for m in linears])
+    scales = torch.cat([m.scales for m in linears], 1).contiguous()
+    biases = [m.bias for m in linears]
+    bias = torch.cat(biases) if all(b is not None for b in biases) else None
+
+    def product(x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, linears[0].GROUP, scales)
+        return y if bias is None else y + bias
+
+    def one_by_one(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([m(x) for m in linears], -1)
+
+    with torch.inference_mode():
+        x = torch.randn(2, packed.shape[1] * 2, dtype=scales.dtype)
+        if len(linears) > 1 and not torch.equal(product(x), one_by_one(x)):
+            return one_by_one
+    start = 0
+    for m in linears:  # each projection keeps its rows, now a view of the stacked ones (not a second copy)
+        m.packed, start = packed[start:start + m.packed.shape[0]], start + m.packed.shape[0]
+    return product
+
+
+class DecodeStep:
+    """fits(model): a Llama-shaped decoder on a CPU with int4 projections. step(ids, cache, length, keep):
+    append `ids` [1, n] to `cache` (a DynamicCache holding `length` tokens) and return the logits of the
+    last `keep` positions, [keep, vocab]; None when the cache is not ready for it (nothing cached yet)."""
+
+    def __init__(self, model):
+        cfg = model.config
+        self.model, self.eps = model, cfg.rms_norm_eps
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.hidden = cfg.hidden_size
+        self.head_dim = getattr(cfg, "head_dim", None) or self.hidden // self.heads
+        self.layers = []
+        for layer in model.get_decoder().layers:
+            a, m = layer.self_attn, layer.mlp
+            self.layers.append((layer.input_layernorm.weight, int4_product([a.q_proj, a.k_proj, a.v_proj]),
+                                int4_product([a.o_proj]), layer.post_attention_layernorm.weight,
+                                int4_product([m.gate_proj, m.up_proj]), int4_product([m.down_proj]), a.scaling))
+
+    @staticmethod
+    def fits(model) -> bool:
+        cfg = model.config
+        layers = model.get_decoder().layers
+        attn, mlp = layers[0].self_attn, layers[0].mlp
+        return (model.get_input_embeddings().weight.device.type == "cpu" and cfg.model_type in ("qwen2", "llama")
+                and not getattr(cfg, "use_sliding_window", False) and getattr(cfg, "hidden_act", "silu") == "silu"
+                and all(isinstance(getattr(part, name), Int4Linear) for part, names in (
+                    (attn, ("q_proj", "k_proj", "v_proj", "o_proj")), (mlp, ("gate_proj", "up_proj", "down_proj")))
+                    for name in names))
+
+    def room(self, layer, name: str, length: int, n: int) -> torch.Tensor:
+        """The layer's keys or values with room for n more: spare positions kept behind them (allocated again
+        when the tensor is no longer a prefix of them: the general forward concatenated, or a copy was made)."""
+        now, spare = getattr(layer, name), getattr(layer, f"spare_{name}", None)
+        if (spare is None or spare.shape[2] < length + n or now.data_ptr() != spare.data_ptr()
+                or now.stride() != spare.stride()):
+            spare = now.new_empty(*now.shape[:2], max(2 * (length + n), ROOM), now.shape[3])
+            spare[:, :, :length] = now
+            setattr(layer, f"spare_{name}", spare)
+        return spare
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor, cache, length: int, keep: int) -> torch.Tensor | None:
+        if length == 0 or len(cache.layers) != len(self.layers) or not cache.layers[0].is_initialized:
+            return None
+        n, end, d, g = ids.shape[1], length + ids.shape[1], self.head_dim, self.heads // self.kv_heads
+        h = self.model.get_input_embeddings()(ids[0])  # [n, hidden]
+        positions = torch.arange(length, end, device=ids.device)[None]
+        cos, sin = (c[0] for c in self.model.get_decoder().rotary_emb(h[None], positions))  # [n, d]
+        # n > 1: query i sees the cache and the new tokens up to itself; rows ordered as the grouped query heads
+        mask = None if n == 1 else torch.ones(n, end, dtype=torch.bool).tril(length).repeat(g, 1)[None, None]
+        rotate = lambda x: x * cos + torch.cat((-x[..., d // 2:], x[..., : d // 2]), -1) * sin
+        for layer, (norm1, qkv, out, norm2, gate_up, down, scale) in zip(cache.layers, self.layers):
+            x = qkv(F.rms_norm(h, (self.hidden,), norm1, self.eps)).view(n, -1, d).transpose(0, 1)  # [heads', n, d]
+            q, k = rotate(x[: self.heads + self.kv_heads]).split((self.heads, self.kv_heads))  # one rotation for both
+            keys, values = self.room(layer, "keys", length, n), self.room(layer, "values", length, n)
+            keys[0, :, length:end] = k
+            values[0, :, length:end] = x[self.heads + self.kv_heads:]
+            layer.keys, layer.values = keys[:, :, :end], values[:, :, :end]
+            # each key/value head's query heads stacked as rows: the keys are read as they are, not repeated
+            o = F.scaled_dot_product_attention(q.reshape(1, self.kv_heads, g * n, d), layer.keys, layer.values,
+                                               attn_mask=mask, scale=scale)
+            h = h + out(o.view(self.heads, n, d).transpose(0, 1).reshape(n, -1))
+            x = gate_up(F.rms_norm(h, (self.hidden,), norm2, self.eps))
+            h = h + down(F.silu(x[:, : x.shape[1] // 2]) * x[:, x.shape[1] // 2:])
+        norm = self.model.get_decoder().norm
+        return self.model.get_output_embeddings()(F.rms_norm(h[n - keep:], (self.hidden,), norm.weight, self.eps))

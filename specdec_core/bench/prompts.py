@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import platform
 import re
@@ -23,6 +24,7 @@ from .. import SpecConfig, generate, load_pair, make_drafter
 from ..engine import encode_request
 from ..models import first_divergence
 from ..models.quant import QUANT_MODES
+from ..models.step import DecodeStep, Int4Product
 from ..sampling import warp
 from ..theory import measured_costs, predicted_speedup
 from ..timing import median_ms, pass_ms, passes_ms
@@ -198,6 +200,16 @@ def draft_step_table(pair, context: int = 128, reps: int = 30) -> dict:
         lm.crop(context - 1)
 
     total = median_ms(step, lm.device, reps)
+    logits = lm.forward(x, keep=1)
+    lm.crop(context - 1)
+    sampling = {"ms": median_ms(lambda: warp(logits, 0.0)[0].argmax(-1), lm.device, reps), "mb": 0.0}
+    if lm.step is not None:
+        table = written_step_table(lm.step, model, reps)
+        table["sampling"] = sampling
+        table["attention, norms, rotation, cache and Python"] = {
+            "ms": max(total - sum(v["ms"] for v in table.values()), 0.0), "mb": 0.0}
+        return {"context": context, "step_ms": total, "target_step_ms": pass_ms(pair, "target", context, 1),
+                "parts": table}
     layers = model.get_decoder().layers
     parts = {"attention": [m.self_attn for m in layers], "mlp": [m.mlp for m in layers],
              "norms": [n for m in layers for n in (m.input_layernorm, m.post_attention_layernorm)]
@@ -216,15 +228,30 @@ def draft_step_table(pair, context: int = 128, reps: int = 30) -> dict:
     finally:
         for hook in hooks:
             hook.remove()
-    logits = lm.forward(x, keep=1)
-    lm.crop(context - 1)
     table = {name: {"ms": spent[name] / reps * 1000,
                     "mb": sum(t.numel() * t.element_size() for m in modules for t in [*m.parameters(), *m.buffers()]) / 1e6}
              for name, modules in parts.items()}
-    table["sampling"] = {"ms": median_ms(lambda: warp(logits, 0.0)[0].argmax(-1), lm.device, reps), "mb": 0.0}
+    table["sampling"] = sampling
     table["python and dispatch"] = {"ms": max(total - sum(v["ms"] for name, v in table.items() if name != "sampling"), 0.0),
                                     "mb": 0.0}
     return {"context": context, "step_ms": total, "target_step_ms": pass_ms(pair, "target", context, 1), "parts": table}
+
+
+def written_step_table(step: DecodeStep, model, reps: int) -> dict:
+    """The written-out step's parts that read weights, each timed alone as a step runs it: every layer's int4
+    products in turn (so their weights come from memory, not a cache), and the head."""
+    products = [part for layer in step.layers for part in layer if isinstance(part, Int4Product)]
+    inputs = {p.in_features: torch.zeros(1, p.in_features, dtype=p.linears[0].scales.dtype) for p in products}
+    head = model.get_output_embeddings()
+    hidden = inputs[step.hidden]
+
+    def all_products():
+        for product in products:
+            product(inputs[product.in_features])
+    weights = lambda module: sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
+    return {"int4 projections": {"ms": median_ms(all_products, hidden.device, reps),
+                                 "mb": sum(p.nbytes for p in products) / 1e6},
+            "head": {"ms": median_ms(lambda: head(hidden), hidden.device, reps), "mb": weights(head) / 1e6}}
 
 
 def drafts(settings: dict) -> str:
@@ -288,9 +315,14 @@ def options(argv=None) -> argparse.Namespace:
                     help="also time llama.cpp's plain decoding of the bundled target's GGUF (needs llama-cpp-python)")
     ap.add_argument("--contexts", default="", help="comma list of context lengths: time a step and a pass at each")
     ap.add_argument("--draft-table", action="store_true", help="time where a draft step goes, part by part")
+    ap.add_argument("--draft-step", default="written",
+                    help="the draft's decoding step on CPUs: written (models/step.py) or general (transformers' forward); "
+                         "a comma list compares them in one run")
     ap.add_argument("--tree", default="0",
                     help="draft token trees of up to this many nodes (0: a chain); a comma list compares them in one run")
     args = ap.parse_args(argv)
+    if not set(args.draft_step.split(",")) <= {"written", "general"}:
+        raise SystemExit("--draft-step takes written, general or both")
     if args.peer != "none" and args.pair != "bundled":
         raise SystemExit("--peer llama.cpp decodes the bundled target's GGUF: use it with --pair bundled")
     return args
@@ -300,16 +332,18 @@ def load_variants(args, cfg: SpecConfig, prompt: str) -> tuple[dict, dict, dict]
     """Each target asked for (its own pair) with each tree size: {variant: pair}, {variant: cfg}, {variant: load s},
     each warmed up on `prompt` (first calls pay for allocations and kernel selection; a tree's pass costs are timed)."""
     target, _, draft = args.pair.partition(",")
-    trees = [int(n) for n in args.tree.split(",")]
+    trees, steps = [int(n) for n in args.tree.split(",")], args.draft_step.split(",")
     pairs, cfgs, load_s = {}, {}, {}
     for quant in args.target_quant.split(","):
         t0 = time.perf_counter()
         pair = load_pair(target, draft or None, device=args.device, dtype=args.dtype, target_quant=quant,
                          draft_quant=False if args.draft_quant == "off" else "auto", quant_mode=args.draft_quant)
-        quant = pair.info["target_quant"]  # "auto" resolved
-        for nodes in trees:
-            variant = quant if len(trees) == 1 else f"{quant}, {f'tree of {nodes}' if nodes else 'chain'}"
-            pairs[variant], cfgs[variant] = pair, dataclasses.replace(cfg, tree_nodes=nodes)
+        quant, loaded = pair.info["target_quant"], pair  # "auto" resolved
+        for nodes, written in itertools.product(trees, steps):
+            variant = ", ".join([quant] + [f"tree of {nodes}" if nodes else "chain"] * (len(trees) > 1)
+                                + [f"{written} draft step"] * (len(steps) > 1))
+            pairs[variant] = loaded if written == "written" else dataclasses.replace(loaded, steps={})
+            cfgs[variant], pair = dataclasses.replace(cfg, tree_nodes=nodes), pairs[variant]
             load_s[variant] = time.perf_counter() - t0
             warm = dataclasses.replace(cfgs[variant], max_new_tokens=8)
             generate(pair, prompt, warm, "autoregressive")
@@ -348,6 +382,11 @@ def print_report(reports: dict) -> None:
                   f"{s['accepted_per_pass_mean']:>14.2f}")
 
 
+def costs_key(variant: str) -> str:
+    """What a variant's costs depend on: its target and its draft step, not its tree size."""
+    return ", ".join(part for part in variant.split(", ") if not part.startswith(("tree of", "chain")))
+
+
 def main(argv=None) -> dict:
     args = options(argv)
     cfg = SpecConfig(**{name: getattr(args, name) for name, *_ in SpecConfig.options(skip=NOT_FLAGS)})
@@ -360,9 +399,9 @@ def main(argv=None) -> dict:
         first = next(iter(pairs.values()))
         peer = LlamaCppPeer(first.eos_ids)
         peer.generate(encode_request(first, items[0]["prompt"], cfg), dataclasses.replace(cfg, max_new_tokens=8))
-    extra = {}  # per target: the costs by context and the draft's table, timed before the prompts run
+    extra = {}  # per target and draft step: the costs by context and the draft's table, timed before the prompts run
     for variant, pair in pairs.items():
-        extra.setdefault(variant.split(",")[0], {
+        extra.setdefault(costs_key(variant), {
             "costs_by_context": costs_by_context(pair, [int(c) for c in args.contexts.split(",")], cfg.k)
             if args.contexts else None,
             "draft_step": draft_step_table(pair) if args.draft_table and pair.draft is not None else None})
@@ -374,7 +413,7 @@ def main(argv=None) -> dict:
             e = entries[variant][-1]
             print(f"{e['id']} ({variant} target): {e['speedup']:.2f}x, {e['spec']['tokens_per_s']:.1f} tok/s, "
                   f"acceptance {e['spec']['acceptance_rate']:.2f}", flush=True)
-    reports = {variant: {**describe(pair, cfgs[variant], args, variant), **extra[variant.split(",")[0]],
+    reports = {variant: {**describe(pair, cfgs[variant], args, variant), **extra[costs_key(variant)],
                          "peer": peer and f"{peer.name} {peer.version} (plain decoding of the target's GGUF, Q4_K_M)",
                          "load_s": load_s[variant], "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                          "prompts": entries[variant], "summary": summarize_prompts(entries[variant])}

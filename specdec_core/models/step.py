@@ -21,30 +21,34 @@ from .quant import Int4Linear
 ROOM = 256  # spare positions allocated behind a cache's keys and values, at least
 
 
-def int4_product(linears: list[Int4Linear]):
+class Int4Product:
     """One int4 product for several projections of the same input: their packed rows stacked, their outputs side
     by side. The kernel packs rows in blocks (64 on this CPU kernel), so stacking is exact only where each part
-    fills whole blocks: checked here on a random input, else the parts run one by one."""
-    packed = torch.cat([m.packed for m in linears])
-    scales = torch.cat([m.scales for m in linears], 1).contiguous()
-    biases = [m.bias for m in linears]
-    bias = torch.cat(biases) if all(b is not None for b in biases) else None
+    fills whole blocks: checked here on a random input (`fused`), else the parts run one by one."""
 
-    def product(x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, linears[0].GROUP, scales)
-        return y if bias is None else y + bias
+    def __init__(self, linears: list[Int4Linear]):
+        self.linears, self.in_features = linears, linears[0].packed.shape[1] * 2
+        self.packed = torch.cat([m.packed for m in linears])
+        self.scales = torch.cat([m.scales for m in linears], 1).contiguous()
+        biases = [m.bias for m in linears]
+        self.bias = torch.cat(biases) if all(b is not None for b in biases) else None
+        self.nbytes = sum(t.numel() * t.element_size() for m in linears for t in (m.packed, m.scales))
+        self.fused = True
+        with torch.inference_mode():
+            x = torch.randn(2, self.in_features, dtype=self.scales.dtype)
+            self.fused = len(linears) == 1 or torch.equal(self(x), torch.cat([m(x) for m in linears], -1))
+        if self.fused:
+            start = 0
+            for m in linears:  # each projection keeps its rows, now a view of the stacked ones (not a second copy)
+                m.packed, start = self.packed[start:start + m.packed.shape[0]], start + m.packed.shape[0]
+        else:
+            self.packed = self.scales = None
 
-    def one_by_one(x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([m(x) for m in linears], -1)
-
-    with torch.inference_mode():
-        x = torch.randn(2, packed.shape[1] * 2, dtype=scales.dtype)
-        if len(linears) > 1 and not torch.equal(product(x), one_by_one(x)):
-            return one_by_one
-    start = 0
-    for m in linears:  # each projection keeps its rows, now a view of the stacked ones (not a second copy)
-        m.packed, start = packed[start:start + m.packed.shape[0]], start + m.packed.shape[0]
-    return product
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.fused:
+            return torch.cat([m(x) for m in self.linears], -1)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.linears[0].GROUP, self.scales)
+        return y if self.bias is None else y + self.bias
 
 
 class DecodeStep:
@@ -61,9 +65,9 @@ class DecodeStep:
         self.layers = []
         for layer in model.get_decoder().layers:
             a, m = layer.self_attn, layer.mlp
-            self.layers.append((layer.input_layernorm.weight, int4_product([a.q_proj, a.k_proj, a.v_proj]),
-                                int4_product([a.o_proj]), layer.post_attention_layernorm.weight,
-                                int4_product([m.gate_proj, m.up_proj]), int4_product([m.down_proj]), a.scaling))
+            self.layers.append((layer.input_layernorm.weight, Int4Product([a.q_proj, a.k_proj, a.v_proj]),
+                                Int4Product([a.o_proj]), layer.post_attention_layernorm.weight,
+                                Int4Product([m.gate_proj, m.up_proj]), Int4Product([m.down_proj]), a.scaling))
 
     @staticmethod
     def fits(model) -> bool:

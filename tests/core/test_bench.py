@@ -1,12 +1,17 @@
 """The benchmark CLIs run end to end on the tiny pair (their numbers are checked only for shape and sense)."""
+import copy
+import dataclasses
 import json
 
 import pytest
+import torch
 
 from specdec_core import SpecConfig
 from specdec_core.bench import gpu as gpu_bench
 from specdec_core.bench import prompts as bench
 from specdec_core.engine import encode_request
+from specdec_core.models.quant import cheapen_draft
+from specdec_core.models.step import DecodeStep
 
 from ..conftest import with_eos
 
@@ -135,3 +140,22 @@ def test_startup_bench_times_a_start_until_ready(tmp_path):
 
     run = start(tmp_path, limit_s=300, pair="tiny")
     assert run["status"].startswith("Ready:") and 0 < run["seconds"] < 300 and run["resident_mb"] > 50
+
+
+def test_bench_compares_the_written_and_the_general_draft_step_in_one_run(tmp_path, monkeypatch):
+    """The tiny pair with an int4 draft, so that it gets the written-out step: one run times both steps, part by part."""
+    loaded = bench.load_pair
+
+    def with_int4_draft(*args, **kwargs):
+        pair = loaded(*args, **kwargs)
+        draft = cheapen_draft(copy.deepcopy(pair.draft).to(torch.bfloat16))
+        return dataclasses.replace(pair, draft=draft, steps={"draft": DecodeStep(draft)})
+    monkeypatch.setattr(bench, "load_pair", with_int4_draft)
+    report = bench.main(["--pair", "tiny", "--max-new-tokens", "8", "--limit", "1", "--json", str(tmp_path / "s.json"),
+                         "--dtype", "float32", "--device", "cpu", "--draft-step", "written,general", "--draft-table"])
+    written, general = report["variants"]["off, written draft step"], report["variants"]["off, general draft step"]
+    assert set(written["draft_step"]["parts"]) == {"int4 projections", "head", "sampling",
+                                                   "attention, norms, rotation, cache and Python"}
+    assert written["draft_step"]["parts"]["int4 projections"]["mb"] > 0
+    assert "mlp" in general["draft_step"]["parts"] and general["draft_step"]["parts"]["mlp"]["mb"] > 0
+    assert all(e["identical_to_ar"] for run in (written, general) for e in run["prompts"])

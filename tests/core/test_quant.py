@@ -238,4 +238,4 @@ def test_the_written_out_draft_step_follows_the_general_forward(tiny):
     assert taken.count(1) > 15 and taken.count(2) == 6  # one and two tokens a step, all through the step
     assert worst < 0.05 * scale, (worst, scale)  # rounding at most, not another function
     # 64-row blocks: gate and up (128 rows each) are one product; k and v (32 rows) would shift q's blocks
-    assert [step.layers[0][i].__name__ for i in (1, 4)] == ["one_by_one", "product"]
+    assert [step.layers[0][i].fused for i in (1, 4)] == [False, True]

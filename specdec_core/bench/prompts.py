@@ -411,7 +411,7 @@ def main(argv=None) -> dict:
             entries[variant].append(run_prompt(pair, item, cfgs[variant], args.drafter, args.compare_hf, args.hf_k,
                                                args.repeats, peer))
             e = entries[variant][-1]
-            print(f"{e['id']} ({variant} target): {e['speedup']:.2f}x, {e['spec']['tokens_per_s']:.1f} tok/s, "
+            print(f"{e['id']} ({variant}): {e['speedup']:.2f}x, {e['spec']['tokens_per_s']:.1f} tok/s, "
                   f"acceptance {e['spec']['acceptance_rate']:.2f}", flush=True)
     reports = {variant: {**describe(pair, cfgs[variant], args, variant), **extra[costs_key(variant)],
                          "peer": peer and f"{peer.name} {peer.version} (plain decoding of the target's GGUF, Q4_K_M)",

@@ -167,7 +167,6 @@ class PairManager:
         """Whether drafting pays on this GPU, from the draft's and the verify pass's costs timed here."""
         costs = probe_costs(pair)
         gain = expected_speedup(a, costs["k"], costs["c"], costs["v"])
-        pair.info["costs"] = costs
         words = [("status_gpu", dict(c=costs["c"], a=a, gain=gain, k=costs["k"]))]
         return words + [("status_gpu_small", {})] if gain < 1.2 else words
 

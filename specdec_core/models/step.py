@@ -30,8 +30,8 @@ class Int4Product:
         self.linears, self.in_features = linears, linears[0].packed.shape[1] * 2
         self.packed = torch.cat([m.packed for m in linears])
         self.scales = torch.cat([m.scales for m in linears], 1).contiguous()
-        biases = [m.bias for m in linears]
-        self.bias = torch.cat(biases) if all(b is not None for b in biases) else None
+        biases = [m.bias if m.bias is not None else self.scales.new_zeros(m.out_features) for m in linears]
+        self.bias = torch.cat(biases) if any(m.bias is not None for m in linears) else None
         self.nbytes = sum(t.numel() * t.element_size() for m in linears for t in (m.packed, m.scales))
         self.fused = True
         with torch.inference_mode():

@@ -99,8 +99,8 @@ def _drive(race: Race, lang: str):
                 plots_due = now - last_plots >= PLOTS_EVERY_S
                 yield view(race, lang, plots_due)
                 last_ui, last_plots = now, now if plots_due else last_plots
-    except NonFiniteLogitsError as err:
-        yield view(race, lang, True, t("stopped_nan", lang, err=err))
+    except NonFiniteLogitsError:
+        yield view(race, lang, True, t("stopped_nan", lang))
         return
     except Exception as err:  # out of memory, a broken checkpoint...: say so, keep serving
         yield view(race, lang, True, t("stopped_failed", lang, err=f"{err.__class__.__name__}: {err}"))

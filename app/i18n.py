@@ -184,8 +184,10 @@ do alvo para cada um."""),
     "allowance": ("This would exceed your allowance of {limit:,} tokens per hour ({used:,} used). Ask for fewer "
                   "tokens or come back later.", "Isso passaria do seu limite de {limit:,} tokens por hora ({used:,} "
                   "usados). Peça menos tokens ou volte mais tarde."),
-    "stopped_nan": ("Stopped: {err}. Try float32 or bfloat16 instead of float16.",
-                    "Parado: {err}. Tente float32 ou bfloat16 em vez de float16."),
+    "stopped_nan": ("Stopped: the model produced NaN or infinite logits; no token was taken from them. Try float32 "
+                    "or bfloat16 instead of float16.",
+                    "Parado: o modelo produziu logits NaN ou infinitos; nenhum token foi tirado deles. Tente float32 "
+                    "ou bfloat16 em vez de float16."),
     "stopped_failed": ("Stopped: the generation failed ({err}).", "Parado: a geração falhou ({err})."),
     "export_first": ("Finish a generation first; then its trace can be exported.",
                      "Termine uma geração primeiro; depois o traço dela pode ser exportado."),

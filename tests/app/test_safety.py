@@ -7,6 +7,7 @@ import gradio as gr
 import pytest
 import torch
 
+from app import handlers
 from app.handlers import api_generate
 from app.i18n import said
 from app.limits import VisitorLimits
@@ -120,6 +121,8 @@ def test_nan_logits_are_reported_never_sampled(tiny):
     manager = SimpleNamespace(pair=pair, status="", loading=False)
     with pytest.raises(gr.Error, match="NaN"):
         api_generate(manager, None, "hello", dict(k=4, max_new_tokens=5, drafter="model"))
+    shown = list(handlers._drive(start_race(pair, "hello", SpecConfig(max_new_tokens=5)), "pt"))
+    assert "Parado: o modelo produziu logits NaN" in shown[-1].summary  # the page says it in its language
 
 
 def test_eos_as_the_very_first_token(tiny):

@@ -10,6 +10,7 @@ from specdec_core.theory import expected_speedup, measured_costs, verify_cost_at
 
 from .i18n import t
 from .plots import AR_COLOR, DRAFT_COLOR, LAYOUT, SPEC_COLOR, _fig
+from .render import rejected_at_end
 from .tree import states
 
 
@@ -22,10 +23,8 @@ def row_of(e: RoundEvent, i: int) -> int:
 
 def replaced(e: RoundEvent) -> int | None:
     """The node whose rejection the target's token replaced: the last choice judged where the path ends."""
-    if e.token_kind != "replacement":
-        return None
-    end = e.path[-1] if e.path else -1
-    return max((i for i, parent in enumerate(e.parents) if parent == end), default=None)
+    rejected = rejected_at_end(e)
+    return rejected[-1] if e.token_kind == "replacement" and rejected else None
 
 
 def where_text(e: RoundEvent, i: int, rounds: int, lang: str = "en") -> str:

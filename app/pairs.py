@@ -106,9 +106,11 @@ class PairManager:
         self.says = [(key, values)]
 
     def status_text(self, lang: str = "en") -> str:
-        says = lambda value: value.text(lang) if isinstance(value, Weights) else said(value, lang)
-        return "".join(t(key, lang, **{name: says(v) if isinstance(v, (Refusal, Weights)) else v for name, v in
-                                       values.items()}) for key, values in self.says)
+        def shown(value):  # the weights and a refusal are said in the page's language; numbers and names as they are
+            if isinstance(value, Weights):
+                return value.text(lang)
+            return said(value, lang) if isinstance(value, Refusal) else value
+        return "".join(t(key, lang, **{name: shown(v) for name, v in values.items()}) for key, values in self.says)
 
     @property
     def status(self) -> str:

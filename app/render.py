@@ -59,17 +59,26 @@ def round_pieces(e: RoundEvent, text, label, lang: str, tail: str = "") -> list[
         out.append(Piece(next(text), "accepted", tip, e.round, i + 1))
     if len(e.committed) <= len(e.path):  # cut by an EOS on the path
         return out + ending(e, out, lang, tail)
-    end, pos = e.path[-1] if e.path else -1, len(e.drafted) + 1  # the target's token, inspected at the end
-    for i in [i for i, parent in enumerate(e.parents) if parent == end]:  # every choice judged here was rejected
-        pos = i + 1  # a replacement is explained by the last rejection, whose residual it was drawn from
+    rejected = rejected_at_end(e)
+    for i in rejected:
         tip = (t("tip_rejected_greedy", lang) if e.greedy else
                t("tip_rejected", lang, p=e.p_drafted[i], q=e.q_drafted[i], a=e.accept_probs[i], u=e.uniforms[i]))
         out.append(Piece(visible(label(e.drafted[i])), "rejected", tip, e.round, i + 1))
-        while (i := next((j for j, parent in enumerate(e.parents) if parent == i), None)) is not None:
-            out.append(Piece(visible(label(e.drafted[i])), "discarded", t("tip_discarded", lang), e.round, i + 1))
+        node = i
+        while (node := next((j for j, parent in enumerate(e.parents) if parent == node), None)) is not None:
+            out.append(Piece(visible(label(e.drafted[node])), "discarded", t("tip_discarded", lang), e.round, node + 1))
     kind = e.token_kind if e.method == "speculative" else "target"
-    out.append(Piece(next(text), kind, t(TIPS[kind], lang, p=e.p_token), e.round, pos if kind != "target" else 0))
+    # a replacement is explained by the last rejection, whose residual it was drawn from; a bonus at the end
+    pos = 0 if kind == "target" else rejected[-1] + 1 if rejected else len(e.drafted) + 1
+    out.append(Piece(next(text), kind, t(TIPS[kind], lang, p=e.p_token), e.round, pos))
     return out + ending(e, out, lang, tail)
+
+
+def rejected_at_end(e: RoundEvent) -> list[int]:
+    """The choices judged where the accepted path ends, in the order judged: every one was rejected (there are
+    none where the path reached a leaf and the target added a bonus token)."""
+    end = e.path[-1] if e.path else -1
+    return [i for i, parent in enumerate(e.parents) if parent == end]
 
 
 def ending(e: RoundEvent, out: list[Piece], lang: str, tail: str) -> list[Piece]:

@@ -229,7 +229,7 @@ def draft_step_table(pair, context: int = 128, reps: int = 30) -> dict:
         for hook in hooks:
             hook.remove()
     table = {name: {"ms": spent[name] / reps * 1000,
-                    "mb": sum(t.numel() * t.element_size() for m in modules for t in [*m.parameters(), *m.buffers()]) / 1e6}
+                    "mb": megabytes(modules)}
              for name, modules in parts.items()}
     table["sampling"] = sampling
     table["python and dispatch"] = {"ms": max(total - sum(v["ms"] for name, v in table.items() if name != "sampling"), 0.0),
@@ -248,10 +248,14 @@ def written_step_table(step: DecodeStep, model, reps: int) -> dict:
     def all_products():
         for product in products:
             product(inputs[product.in_features])
-    weights = lambda module: sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
     return {"int4 projections": {"ms": median_ms(all_products, hidden.device, reps),
-                                 "mb": sum(p.nbytes for p in products) / 1e6},
-            "head": {"ms": median_ms(lambda: head(hidden), hidden.device, reps), "mb": weights(head) / 1e6}}
+                                 "mb": megabytes([m for p in products for m in p.linears])},
+            "head": {"ms": median_ms(lambda: head(hidden), hidden.device, reps), "mb": megabytes([head])}}
+
+
+def megabytes(modules) -> float:
+    """The weights (parameters and buffers) the modules read, in MB."""
+    return sum(t.numel() * t.element_size() for m in modules for t in [*m.parameters(), *m.buffers()]) / 1e6
 
 
 def drafts(settings: dict) -> str:

@@ -82,7 +82,8 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
             if model is not None and can_pack(model):
                 pack_linears(model)
                 pair.info["packed"] = "oneDNN prepacked weights"
-                pair.info["target_prepacked"] = pair.info.get("target_prepacked") or role == "target"
+                if role == "target":
+                    pair.info["target_prepacked"] = True
     if dev.type == "cpu":
         for model in (pair.target, pair.draft):
             if model is not None:

@@ -37,7 +37,10 @@ class Pair:
         """A fresh cache over the target or the draft, with that model's compiled or written-out steps and shared
         head (not another model's: dataclasses.replace may have swapped the model and kept the dicts)."""
         model = getattr(self, role)
-        own = lambda kind: (lambda x: x if x is not None and x.model is model else None)(getattr(self, kind).get(role))
+
+        def own(kind: str):
+            found = getattr(self, kind).get(role)
+            return found if found is not None and found.model is model else None
         return CachedModel(model, self.vocab, own("compiled"), own("heads"), own("steps"))
 
 

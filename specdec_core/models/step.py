@@ -32,7 +32,6 @@ class Int4Product:
         self.scales = torch.cat([m.scales for m in linears], 1).contiguous()
         biases = [m.bias if m.bias is not None else self.scales.new_zeros(m.out_features) for m in linears]
         self.bias = torch.cat(biases) if any(m.bias is not None for m in linears) else None
-        self.nbytes = sum(t.numel() * t.element_size() for m in linears for t in (m.packed, m.scales))
         self.fused = True
         with torch.inference_mode():
             x = torch.randn(2, self.in_features, dtype=self.scales.dtype)

@@ -5,7 +5,7 @@ once and are most of the time; the rest of transformers' general forward (module
 concatenates every layer's keys and values, casts, masks) costs a fifth of a step on two cores. Here a
 Llama-shaped decoder (Qwen2, Llama) takes its step as one loop over its layers:
 - the q/k/v products are one int4 product, and so are gate and up (their packed rows concatenated);
-- keys and values are written into spare room behind the cache's tensors instead of concatenated;
+- keys and values are written into the room behind the cache's (cache.RoomLayer), not concatenated;
 - the attention is one SDPA call per layer over the grouped key/value heads.
 
 It serves the draft only. A draft changes the speed, never the output: its logits may differ from the
@@ -17,9 +17,6 @@ import torch
 import torch.nn.functional as F
 
 from .quant import Int4Linear
-
-ROOM = 256  # spare positions allocated behind a cache's keys and values, at least
-
 
 class Int4Product:
     """One int4 product for several projections of the same input: their packed rows stacked, their outputs side
@@ -79,17 +76,6 @@ class DecodeStep:
                     (attn, ("q_proj", "k_proj", "v_proj", "o_proj")), (mlp, ("gate_proj", "up_proj", "down_proj")))
                     for name in names))
 
-    def room(self, layer, name: str, length: int, n: int) -> torch.Tensor:
-        """The layer's keys or values with room for n more: spare positions kept behind them (allocated again
-        when the tensor is no longer a prefix of them: the general forward concatenated, or a copy was made)."""
-        now, spare = getattr(layer, name), getattr(layer, f"spare_{name}", None)
-        if (spare is None or spare.shape[2] < length + n or now.data_ptr() != spare.data_ptr()
-                or now.stride() != spare.stride()):
-            spare = now.new_empty(*now.shape[:2], max(2 * (length + n), ROOM), now.shape[3])
-            spare[:, :, :length] = now
-            setattr(layer, f"spare_{name}", spare)
-        return spare
-
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, cache, length: int, keep: int) -> torch.Tensor | None:
         if length == 0 or len(cache.layers) != len(self.layers) or not cache.layers[0].is_initialized:
@@ -104,12 +90,9 @@ class DecodeStep:
         for layer, (norm1, qkv, out, norm2, gate_up, down, scale) in zip(cache.layers, self.layers):
             x = qkv(F.rms_norm(h, (self.hidden,), norm1, self.eps)).view(n, -1, d).transpose(0, 1)  # [heads', n, d]
             q, k = rotate(x[: self.heads + self.kv_heads]).split((self.heads, self.kv_heads))  # one rotation for both
-            keys, values = self.room(layer, "keys", length, n), self.room(layer, "values", length, n)
-            keys[0, :, length:end] = k
-            values[0, :, length:end] = x[self.heads + self.kv_heads:]
-            layer.keys, layer.values = keys[:, :, :end], values[:, :, :end]
+            keys, values = layer.update(k[None], x[None, self.heads + self.kv_heads:])
             # each key/value head's query heads stacked as rows: the keys are read as they are, not repeated
-            o = F.scaled_dot_product_attention(q.reshape(1, self.kv_heads, g * n, d), layer.keys, layer.values,
+            o = F.scaled_dot_product_attention(q.reshape(1, self.kv_heads, g * n, d), keys, values,
                                                attn_mask=mask, scale=scale)
             h = h + out(o.view(self.heads, n, d).transpose(0, 1).reshape(n, -1))
             x = gate_up(F.rms_norm(h, (self.hidden,), norm2, self.eps))

@@ -126,3 +126,35 @@ def test_grouped_attention_decodes_what_sdpa_decodes(fresh_pair):
     enable_graphs(fresh_pair, "eager", max_len=256, attention="grouped")  # static caches, through dynamo
     assert fresh_pair.target.config._attn_implementation == GROUPED
     assert runs(fresh_pair) == before and generate(fresh_pair, "grouped", cfg).token_ids
+
+
+def test_a_growing_cache_writes_in_place_and_keeps_what_concatenation_keeps(fresh_pair):
+    """RoomLayer: the logits of transformers' concatenating cache, through steps, passes, crops and tree compaction;
+    a step writes into the buffer it already has (no copy of the cache)."""
+    from transformers import DynamicCache
+
+    from specdec_core.cache import RoomLayer, TreeInput
+
+    ours, theirs = fresh_pair.cached("target"), fresh_pair.cached("target")
+    theirs.cache = DynamicCache(config=fresh_pair.target.config)
+    assert all(type(layer) is RoomLayer for layer in ours.cache.layers)
+    for lm in (ours, theirs):
+        lm.prefill(list(range(3, 40)))
+    buffers = set()
+    for i in range(12):
+        ids = torch.arange(50 + i, 52 + i) if i % 3 else torch.tensor([60 + i])
+        torch.testing.assert_close(ours.forward(ids, keep=len(ids)), theirs.forward(ids, keep=len(ids)), rtol=0, atol=0)
+        buffers.add(ours.cache.layers[0].keys.data_ptr())
+        if i % 4 == 1:
+            for lm in (ours, theirs):
+                lm.forward(torch.tensor([9, 10, 11]), keep=3, tree=TreeInput([-1, -1, 0]))
+                lm.compact(lm.length - 3, [1])
+        if i % 5 == 2:
+            for lm in (ours, theirs):
+                lm.crop(lm.length - 2)
+        assert int(ours.cache.get_seq_length()) == ours.length == theirs.length
+    assert len(buffers) == 1  # 37 + at most 24 + 12 tokens fit in the first buffer's room: never reallocated
+    layer = RoomLayer()
+    keys, _ = layer.update(torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8))
+    more, _ = layer.update(torch.randn(1, 2, 400, 8), torch.randn(1, 2, 400, 8))  # past the room: a larger buffer
+    assert more.shape == (1, 2, 403, 8) and torch.equal(more[:, :, :3], keys)

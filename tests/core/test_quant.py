@@ -120,7 +120,7 @@ def test_dynamic_int8_draft_keeps_down_proj_weight_only(tiny):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("mode", ["int4", "mixed"])
 def test_saved_draft_is_the_same_draft_and_stale_files_are_rebuilt(tiny, tmp_path, dtype, mode):
-    x = torch.tensor([[5, 17, 42, 99, 7]])
+    x = torch.tensor([[5, 17, 42, 99, 7, 8, 9, 10, 11, 12]])  # 10 rows: int4 layers take their int8 twin
     path = tmp_path / f"draft-{mode}.safetensors"
     fresh = cheapen_draft(copy.deepcopy(tiny.draft).to(dtype), mode=mode, saved=path, source="weights v1")
     assert path.exists()
@@ -134,7 +134,26 @@ def test_saved_draft_is_the_same_draft_and_stale_files_are_rebuilt(tiny, tmp_pat
         with torch.inference_mode():
             assert torch.equal(fresh(x).logits, reloaded(x).logits)
     with safe_open(str(path), "pt") as f:  # the last load rewrote the file in this mode
-        assert f.metadata()["source"].startswith(f"weights v1\n{mode}, ")
+        assert f.metadata()["source"].startswith(f"weights v1\n{mode}")
+        twins = [key for key in f.keys() if "wide" in key]
+    int4 = dtype == torch.bfloat16 and mode == "int4"
+    assert bool(twins) == int4 and all(":wide." in key for key in twins)  # saved once, with the int4 layer
+
+
+def test_int4_products_of_many_rows_take_the_int8_twin():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 32).to(torch.bfloat16)
+    q = Int4Linear(lin, wide=True)
+    assert Int4Linear(lin).wide is None
+    for rows in (Int4Linear.WIDE - 1, Int4Linear.WIDE, 70):
+        x = torch.randn(rows, 64, dtype=torch.bfloat16)
+        y = q(x)
+        assert y.dtype == torch.bfloat16
+        int4 = torch.ops.aten._weight_int4pack_mm_for_cpu(x, q.packed, q.GROUP, q.scales) + q.bias
+        assert torch.equal(y, int4) == (rows < Int4Linear.WIDE)  # a step's few rows stay int4
+        if rows >= Int4Linear.WIDE:
+            assert torch.equal(y, q.wide(x))
+        assert ((y - lin(x)).float().abs().max() / lin(x).float().abs().max()) < 0.1
 
 
 

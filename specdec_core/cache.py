@@ -165,8 +165,9 @@ class CachedModel:
             logits = self._compiled_forward(ids, keep)
         elif self.step and not self.static and not prompt:
             logits = self.step(ids, self.cache, self.length, keep)
-        if logits is None:
-            out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
+        if logits is None:  # a prompt is said so to the attention (attention.row_attention)
+            out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep,
+                             **({"prompt_pass": True} if prompt else {}))
             logits = out.logits[0]
         self.length += n
         # rows past the shared tokenizer range (vocab padding) are never sampled

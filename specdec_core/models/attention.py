@@ -21,8 +21,13 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 ROWS, GROUPED = "specdec_rows", "specdec_grouped"
 
 
-def row_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """query [B, H, n, d]; key, value [B, Hkv, S, d]; attention_mask None (causal) or bool [B, 1, n, >= S]."""
+def row_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, prompt_pass=False, **kwargs):
+    """query [B, H, n, d]; key, value [B, Hkv, S, d]; attention_mask None (causal) or bool [B, 1, n, >= S].
+    prompt_pass: the tokens are a prompt's. Plain and speculative decoding compute a prompt alike (one pass, then
+    decode from its cache), so no position of it has to match a step, and one grouped call serves them all: a
+    1,000-token prompt row by row would read keys 500,000 times a layer."""
+    if prompt_pass:
+        return grouped_attention(module, query, key, value, attention_mask, scaling=scaling)
     b, h, n, d = query.shape
     hkv, s = key.shape[1], key.shape[2]
     rows = []

@@ -204,6 +204,20 @@ def test_the_int8_target_gives_a_position_the_same_logits_alone_or_in_a_pass(tin
     assert (alone - full).abs().max() > 1e-3 and (tree - branch_alone).abs().max() > 1e-3
 
 
+def test_the_int8_target_reads_a_prompt_in_one_call_a_layer_and_a_pass_row_by_row(tiny, monkeypatch):
+    """Both decoders compute a prompt alike, so it needs no row-by-row attention; every decoding position does."""
+    target, calls = quantise_target(copy.deepcopy(tiny.target)), []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *args, **kw: calls.append(args[2].shape[2]) or sdpa(*args, **kw))
+    lm, layers = CachedModel(target, tiny.vocab), target.config.num_hidden_layers
+    lm.prefill(list(range(3, 203)))
+    assert calls == [200] * layers
+    calls.clear()
+    lm.forward(torch.arange(5, 22), keep=17)
+    assert calls == list(range(201, 218)) * layers  # row i reads the prompt and the pass up to itself
+
+
 @pytest.mark.parametrize("k", [1, 4, 16])
 def test_the_int8_target_decodes_losslessly_and_is_saved(tiny, tmp_path, k):
     path = tmp_path / "target-int8.safetensors"

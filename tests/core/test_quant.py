@@ -156,7 +156,6 @@ def test_int4_products_of_many_rows_take_the_int8_twin():
         assert ((y - lin(x)).float().abs().max() / lin(x).float().abs().max()) < 0.1
 
 
-
 def test_token_int8_rows_do_not_depend_on_the_other_rows():
     torch.manual_seed(0)
     lin = torch.nn.Linear(96, 40)

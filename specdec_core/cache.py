@@ -19,7 +19,8 @@ ROOM = 256  # positions a growing cache allocates at least
 class RoomLayer(DynamicLayer):
     """One layer's keys and values, written into buffers with room behind them. transformers' DynamicLayer
     concatenates the whole cache with every new token: at 1,000 tokens of context a step of the 1.5B target
-    copied 57 MB for that. Here a step writes its own entries; a crop is a shorter view of the same buffer."""
+    copied 57 MB for that. Here a step writes its own entries; a crop is a shorter view of the same buffer. The room
+    holds zeros or rolled-back entries, never NaN: the exact target's attention reads it with weight 0."""
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -34,7 +35,7 @@ class RoomLayer(DynamicLayer):
         start of this layer's buffer (else, as after a copy of the cache, into a new one)."""
         now, base, end = getattr(self, name), self.buffers.get(name), length + new.shape[-2]
         if base is None or base.shape[-2] < end or base.data_ptr() != now.data_ptr() or base.stride() != now.stride():
-            base = self.buffers[name] = new.new_empty(*new.shape[:2], max(2 * end, ROOM), new.shape[-1])
+            base = self.buffers[name] = new.new_zeros(*new.shape[:2], max(2 * end, ROOM), new.shape[-1])
             if length:
                 base[:, :, :length] = now[:, :, :length]
         base[:, :, length:end] = new

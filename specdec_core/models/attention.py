@@ -1,10 +1,12 @@
 """Two attention functions registered with transformers, for the steps this project runs.
 
 - "specdec_rows": for the exact int8 target (quant.quantise_target), a position's result must not depend
-  on the pass it is in. Each query row is computed by the very call a one-token step makes: SDPA over
-  exactly the keys that row may see (a chain row: the cache up to itself; a tree node: the cache before
-  the tree and its own ancestors), its query heads stacked per key/value head. A verification pass then
-  repeats, row by row, the arithmetic of plain decoding, in float32, at any context length.
+  on the pass it is in. Every row, a one-token step's or a verification pass's, goes through one kernel:
+  it reads the keys that row may see (a chain row: the cache up to itself; a tree node: the cache before
+  the tree and its own ancestors) padded to a multiple of BLOCK positions, the padding masked out. Rows
+  of equal width share a matrix product, each row's query heads stacked per key/value head; an entry of
+  a product does not depend on how many rows it holds, so a pass repeats plain decoding's arithmetic,
+  in float32, at any context length, and reads the keys once per width, not once per row.
 - "specdec_grouped": grouped key/value heads without copying them per query head. Compiled decoding
   steps over a static cache always carry a mask, and transformers' SDPA path then repeats the key
   and value heads over the whole cache, every layer, every step (`repeat_kv`). Here each group's
@@ -15,6 +17,7 @@ from __future__ import annotations
 import weakref
 
 import torch
+import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -24,19 +27,63 @@ ROWS, GROUPED = "specdec_rows", "specdec_grouped"
 def row_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, prompt_pass=False, **kwargs):
     """query [B, H, n, d]; key, value [B, Hkv, S, d]; attention_mask None (causal) or bool [B, 1, n, >= S].
     prompt_pass: the tokens are a prompt's. Plain and speculative decoding compute a prompt alike (one pass, then
-    decode from its cache), so no position of it has to match a step, and one grouped call serves them all: a
-    1,000-token prompt row by row would read keys 500,000 times a layer."""
+    decode from its cache), so no position of it has to match a step, and one grouped call serves them all."""
     if prompt_pass:
         return grouped_attention(module, query, key, value, attention_mask, scaling=scaling)
     b, h, n, d = query.shape
-    hkv, s = key.shape[1], key.shape[2]
-    rows = []
-    for i, seen in enumerate(visible_keys(attention_mask, n, s)):
-        k, v = (key[:, :, :seen], value[:, :, :seen]) if isinstance(seen, int) else \
-            (key.index_select(2, seen), value.index_select(2, seen))
-        q = query[:, :, i].reshape(b, hkv, h // hkv, d)  # the query heads reading one key/value head, as rows
-        rows.append(torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scaling).reshape(b, 1, h, d))
-    return torch.cat(rows, 1), None
+    hkv = key.shape[1]
+    q = (query * (d ** -0.5 if scaling is None else scaling)).transpose(1, 2).reshape(b, n, hkv, h // hkv, d)
+    q = q.transpose(1, 2).reshape(b * hkv, n, h // hkv, d)  # per key/value head: n rows of its query heads
+    out = torch.empty_like(q)
+    ranges, gathered = {}, {}  # by width: the rows that read the cache's first keys, and those that read others
+    for i, seen in enumerate(visible_keys(attention_mask, n, key.shape[2])):
+        count = seen if isinstance(seen, int) else len(seen)
+        (ranges if isinstance(seen, int) else gathered).setdefault(-(-count // BLOCK) * BLOCK, []).append((i, seen))
+    for width, rows in ranges.items():
+        idx, counts = zip(*rows)
+        k, v = (widened(t, width).reshape(b * hkv, width, d) for t in (key, value))
+        out[:, list(idx)] = attend(q[:, list(idx)], k, v, torch.tensor(counts))
+    for width, rows in gathered.items():  # a tree node's keys, in order, then (weightless) copies of the first
+        idx, seen = zip(*rows)
+        at = torch.stack([F.pad(s, (0, width - len(s))) for s in seen]).view(-1)
+        k, v = (t.index_select(2, at).view(b * hkv, len(idx), width, d) for t in (key, value))
+        out[:, list(idx)] = attend(q[:, list(idx)], k, v, torch.tensor([len(s) for s in seen]))
+    return out.view(b, hkv, n, -1, d).transpose(1, 2).reshape(b, n, h, d), None
+
+
+BLOCK = 64  # a row's keys are padded to a multiple of this: a step and a pass row of one width compute alike
+MIN_ROWS = 4  # MKL computes a product of fewer rows with other kernels (other sums): a step's are padded to it
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """q [B, m, g, d], scaled: m rows of g query heads each; k, v [B, P, d], read by every row, or [B, m, P, d], a
+    set per row; row r sees the first counts[r] of its P keys. The keys past them get no weight (their values must
+    be finite: 0 × a value). Returns [B, m, g, d]."""
+    b, m, g, d = q.shape
+    if k.dim() == 3:  # one product of all m × g rows
+        q, k, v, counts = q.reshape(b, 1, m * g, d), k[:, None], v[:, None], counts.repeat_interleave(g)[None]
+    else:  # a product per row, of its g query heads
+        counts = counts[:, None].expand(m, g)
+    rows = q.shape[2]
+    if rows < MIN_ROWS:
+        q, counts = F.pad(q, (0, 0, 0, MIN_ROWS - rows)), F.pad(counts, (0, MIN_ROWS - rows), value=1)
+    scores = q @ k.transpose(-1, -2)
+    p = scores.masked_fill_(torch.arange(k.shape[-2]) >= counts[..., None], float("-inf")).softmax(-1)
+    return (p @ v)[:, :, :rows].reshape(b, m, g, d)
+
+
+def widened(t: torch.Tensor, width: int) -> torch.Tensor:
+    """The first `width` positions of keys or values t [B, Hkv, S, d]: a view into the buffer behind t
+    where it has the room (a RoomLayer's: finite entries past S), else t padded with zeros."""
+    b, h, s, d = t.shape
+    if width <= s:
+        return t[:, :, :width]
+    st = t.stride()
+    end = t.storage_offset() + (b - 1) * st[0] + (h - 1) * st[1] + width * d
+    if st[3] == 1 and st[2] == d and st[1] >= width * d and st[0] >= h * st[1] \
+            and end * t.element_size() <= t.untyped_storage().nbytes():
+        return t.as_strided((b, h, width, d), st)
+    return F.pad(t, (0, 0, 0, width - s))
 
 
 _plans: dict = {}  # the last mask's key sets: every layer of a pass gets the same mask
@@ -65,7 +112,7 @@ def grouped_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     if attention_mask is not None:  # one row per query head of a group, each query's row repeated
         attention_mask = attention_mask[..., :s].unsqueeze(2).expand(b, attention_mask.shape[1], g, q, s)
         attention_mask = attention_mask.reshape(b, -1, g * q, s)
-    out = torch.nn.functional.scaled_dot_product_attention(query.reshape(b, hkv, g * q, d), key, value,
+    out = F.scaled_dot_product_attention(query.reshape(b, hkv, g * q, d), key, value,
                                                            attn_mask=attention_mask, scale=scaling)
     return out.reshape(b, h, q, d).transpose(1, 2).contiguous(), None
 

@@ -203,18 +203,25 @@ def test_the_int8_target_gives_a_position_the_same_logits_alone_or_in_a_pass(tin
     assert (alone - full).abs().max() > 1e-3 and (tree - branch_alone).abs().max() > 1e-3
 
 
-def test_the_int8_target_reads_a_prompt_in_one_call_a_layer_and_a_pass_row_by_row(tiny, monkeypatch):
-    """Both decoders compute a prompt alike, so it needs no row-by-row attention; every decoding position does."""
+def test_the_int8_target_reads_a_prompt_in_one_call_a_layer_and_a_pass_in_one_product_per_key_width(tiny, monkeypatch):
+    """Both decoders compute a prompt alike, so it needs no step's arithmetic; every decoding position does: a pass's
+    rows that read keys of one padded width share the kernel a step runs."""
+    from specdec_core.models import attention
+
     target, calls = quantise_target(copy.deepcopy(tiny.target)), []
-    sdpa = torch.nn.functional.scaled_dot_product_attention
+    sdpa, attend = torch.nn.functional.scaled_dot_product_attention, attention.attend
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
-                        lambda *args, **kw: calls.append(args[2].shape[2]) or sdpa(*args, **kw))
+                        lambda *args, **kw: calls.append(("prompt", args[2].shape[2])) or sdpa(*args, **kw))
+    monkeypatch.setattr(attention, "attend", lambda q, k, *a: calls.append((q.shape[1], k.shape[-2])) or attend(q, k, *a))
     lm, layers = CachedModel(target, tiny.vocab), target.config.num_hidden_layers
     lm.prefill(list(range(3, 203)))
-    assert calls == [200] * layers
+    assert calls == [("prompt", 200)] * layers
     calls.clear()
-    lm.forward(torch.arange(5, 22), keep=17)
-    assert calls == list(range(201, 218)) * layers  # row i reads the prompt and the pass up to itself
+    lm.forward(torch.arange(5, 22), keep=17)  # rows 201 to 217 keys wide: all padded to 256
+    assert calls == [(17, 256)] * layers
+    calls.clear()
+    lm.forward(torch.arange(5, 6), keep=1)
+    assert calls == [(1, 256)] * layers
 
 
 @pytest.mark.parametrize("k", [1, 4, 16])

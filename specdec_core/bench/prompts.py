@@ -189,7 +189,7 @@ def costs_by_context(pair, contexts: list[int], k: int) -> dict:
 
 def draft_step_table(pair, context: int = 128, reps: int = 30) -> dict:
     """Where a draft step's time goes: per part of the model (all layers' attention blocks, MLPs and norms, the
-    head), milliseconds and megabytes of weights read, timed with hooks; sampling (warp and argmax) timed apart;
+    head), milliseconds and megabytes of weights read, timed with hooks (their shares of a step); sampling (warp and argmax) timed apart;
     what is left of a step timed without hooks is Python and dispatch outside those modules."""
     lm, model = pair.cached("draft"), pair.draft
     lm.prefill(list(range(1, context)))
@@ -223,14 +223,15 @@ def draft_step_table(pair, context: int = 128, reps: int = 30) -> dict:
             hooks.append(module.register_forward_hook(lambda *a, name=name: spent.__setitem__(
                 name, spent[name] + time.perf_counter())))
     try:
+        hooked = time.perf_counter()
         for _ in range(reps):
             step()
+        hooked = time.perf_counter() - hooked
     finally:
         for hook in hooks:
             hook.remove()
-    table = {name: {"ms": spent[name] / reps * 1000,
-                    "mb": megabytes(modules)}
-             for name, modules in parts.items()}
+    # each part's share of the hooked steps, of a step timed without hooks (hooks slow a small model's steps)
+    table = {name: {"ms": spent[name] / hooked * total, "mb": megabytes(modules)} for name, modules in parts.items()}
     table["sampling"] = sampling
     table["python and dispatch"] = {"ms": max(total - sum(v["ms"] for name, v in table.items() if name != "sampling"), 0.0),
                                     "mb": 0.0}

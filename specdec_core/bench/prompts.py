@@ -189,8 +189,8 @@ def costs_by_context(pair, contexts: list[int], k: int) -> dict:
 
 def draft_step_table(pair, context: int = 128, reps: int = 30) -> dict:
     """Where a draft step's time goes: per part of the model (all layers' attention blocks, MLPs and norms, the
-    head), milliseconds and megabytes of weights read, timed with hooks (their shares of a step); sampling (warp and argmax) timed apart;
-    what is left of a step timed without hooks is Python and dispatch outside those modules."""
+    head), milliseconds and megabytes of weights read, timed with hooks (each its share of a step timed without
+    them); sampling (warp and argmax) timed apart; what is left of a step is Python and dispatch outside those."""
     lm, model = pair.cached("draft"), pair.draft
     lm.prefill(list(range(1, context)))
     x = torch.ones(1, dtype=torch.long, device=lm.device)

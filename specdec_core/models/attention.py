@@ -32,22 +32,27 @@ def row_attention(module, query, key, value, attention_mask, dropout=0.0, scalin
         return grouped_attention(module, query, key, value, attention_mask, scaling=scaling)
     b, h, n, d = query.shape
     hkv = key.shape[1]
-    q = (query * (d ** -0.5 if scaling is None else scaling)).transpose(1, 2).reshape(b, n, hkv, h // hkv, d)
-    q = q.transpose(1, 2).reshape(b * hkv, n, h // hkv, d)  # per key/value head: n rows of its query heads
-    out = torch.empty_like(q)
+    q = (query * (d ** -0.5 if scaling is None else scaling)).view(b * hkv, h // hkv, n, d)
+    q = q.transpose(1, 2)  # per key/value head: n rows of its query heads
     ranges, gathered = {}, {}  # by width: the rows that read the cache's first keys, and those that read others
     for i, seen in enumerate(visible_keys(attention_mask, n, key.shape[2])):
         count = seen if isinstance(seen, int) else len(seen)
         (ranges if isinstance(seen, int) else gathered).setdefault(-(-count // BLOCK) * BLOCK, []).append((i, seen))
-    for width, rows in ranges.items():
-        idx, counts = zip(*rows)
-        k, v = (widened(t, width).reshape(b * hkv, width, d) for t in (key, value))
-        out[:, list(idx)] = attend(q[:, list(idx)], k, v, torch.tensor(counts))
-    for width, rows in gathered.items():  # a tree node's keys, in order, then (weightless) copies of the first
-        idx, seen = zip(*rows)
-        at = torch.stack([F.pad(s, (0, width - len(s))) for s in seen]).view(-1)
-        k, v = (t.index_select(2, at).view(b * hkv, len(idx), width, d) for t in (key, value))
-        out[:, list(idx)] = attend(q[:, list(idx)], k, v, torch.tensor([len(s) for s in seen]))
+    if len(ranges) == 1 and not gathered:  # a step, or a chain pass whose rows are of one width
+        (width, rows), = ranges.items()
+        out = attend(q, *(widened(t, width).reshape(b * hkv, width, d) for t in (key, value)),
+                     [c for _, c in rows])
+    else:
+        out = q.new_empty(q.shape)
+        for width, rows in ranges.items():
+            idx, counts = zip(*rows)
+            k, v = (widened(t, width).reshape(b * hkv, width, d) for t in (key, value))
+            out[:, list(idx)] = attend(q[:, list(idx)], k, v, list(counts))
+        for width, rows in gathered.items():  # a tree node's keys, in order, then (weightless) copies of the first
+            idx, seen = zip(*rows)
+            at = torch.stack([F.pad(s, (0, width - len(s))) for s in seen]).view(-1)
+            k, v = (t.index_select(2, at).view(b * hkv, len(idx), width, d) for t in (key, value))
+            out[:, list(idx)] = attend(q[:, list(idx)], k, v, [len(s) for s in seen])
     return out.view(b, hkv, n, -1, d).transpose(1, 2).reshape(b, n, h, d), None
 
 
@@ -55,21 +60,29 @@ BLOCK = 64  # a row's keys are padded to a multiple of this: a step and a pass r
 MIN_ROWS = 4  # MKL computes a product of fewer rows with other kernels (other sums): a step's are padded to it
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: list[int]) -> torch.Tensor:
     """q [B, m, g, d], scaled: m rows of g query heads each; k, v [B, P, d], read by every row, or [B, m, P, d], a
     set per row; row r sees the first counts[r] of its P keys. The keys past them get no weight (their values must
     be finite: 0 × a value). Returns [B, m, g, d]."""
     b, m, g, d = q.shape
+    width = k.shape[-2]
     if k.dim() == 3:  # one product of all m × g rows
-        q, k, v, counts = q.reshape(b, 1, m * g, d), k[:, None], v[:, None], counts.repeat_interleave(g)[None]
+        q = q.reshape(b, m * g, d)
     else:  # a product per row, of its g query heads
-        counts = counts[:, None].expand(m, g)
-    rows = q.shape[2]
+        q, k, v = q.reshape(b * m, g, d), k.reshape(b * m, width, d), v.reshape(b * m, width, d)
+    rows = q.shape[1]
     if rows < MIN_ROWS:
-        q, counts = F.pad(q, (0, 0, 0, MIN_ROWS - rows)), F.pad(counts, (0, MIN_ROWS - rows), value=1)
-    scores = q @ k.transpose(-1, -2)
-    p = scores.masked_fill_(torch.arange(k.shape[-2]) >= counts[..., None], float("-inf")).softmax(-1)
-    return (p @ v)[:, :, :rows].reshape(b, m, g, d)
+        q = F.pad(q, (0, 0, 0, MIN_ROWS - rows))
+    scores = torch.bmm(q, k.transpose(1, 2))
+    lo = min(counts)
+    if lo < width:  # the keys past a row's own get no weight
+        past = scores[:, :rows, lo:].view(b, m, g, width - lo)
+        if len(set(counts)) == 1:
+            past.fill_(float("-inf"))
+        else:
+            past.masked_fill_((torch.arange(lo, width) >= torch.tensor(counts)[:, None])[:, None].to(q.device),
+                              float("-inf"))
+    return torch.bmm(scores.softmax(-1), v)[:, :rows].reshape(b, m, g, d)
 
 
 def widened(t: torch.Tensor, width: int) -> torch.Tensor:

@@ -50,8 +50,9 @@ long where it is sure and short where it is not, so K is the most it drafts.
 of the pass that computes them: a 17-token verification pass sums its products in another order than a one-token
 step, so at a near-tie the two can pick different tokens. On a CPU this app runs the target with integer products
 (exact in any order) and computes each row's attention as a one-token step would, over the same keys padded to the
-same width: the logits are the same bit for bit, and the race says *identical* on every prompt. Where a target cannot do that (a GPU, a pair in
-bfloat16), the summary shows the first token where the outputs part and the target's logit for each.""",
+same width: the logits are the same bit for bit, and the race says *identical* on every prompt. Where a target
+cannot do that (a GPU, a pair in bfloat16), the summary shows the first token where the outputs part and the
+target's logit for each.""",
         """**Por que a saída não muda.** Cada token rascunhado x é mantido com probabilidade min(1, p(x)/q(x)), onde p
 é a probabilidade do modelo alvo e q a do rascunho. Quando é rejeitado, o token do alvo é sorteado de
 max(0, p − q), renormalizada: exatamente a massa que o rascunho cobriu de menos. Os dois casos somam p, então
@@ -67,9 +68,9 @@ probabilidades) cai abaixo de um limiar: rascunha muito onde tem certeza e pouco
 formato da passada que os calcula: uma passada de verificação de 17 tokens soma seus produtos em outra ordem que
 um passo de um token, e num quase-empate os dois podem escolher tokens diferentes. Numa CPU este app roda o alvo
 com produtos inteiros (exatos em qualquer ordem) e calcula a atenção de cada linha como um passo de um token a
-calcularia, sobre as mesmas chaves, completadas até a mesma largura: os logits são os mesmos bit a bit, e a corrida diz *idêntica* em todo prompt. Onde um alvo não
-consegue isso (uma GPU, um par em bfloat16), o resumo mostra o primeiro token em que as saídas se separam e o logit
-do alvo para cada um."""),
+calcularia, sobre as mesmas chaves, completadas até a mesma largura: os logits são os mesmos bit a bit, e a
+corrida diz *idêntica* em todo prompt. Onde um alvo não consegue isso (uma GPU, um par em bfloat16), o resumo
+mostra o primeiro token em que as saídas se separam e o logit do alvo para cada um."""),
     "theory_note": (
         "Predicted speedup for K = 1..8 (or up to the chosen K) from this run's measured acceptance rate a, draft "
         "cost c (one draft step / one target step) and verify cost; the dotted curve is the paper's model, which "

@@ -126,7 +126,7 @@ def grouped_attention(module, query, key, value, attention_mask, dropout=0.0, sc
         attention_mask = attention_mask[..., :s].unsqueeze(2).expand(b, attention_mask.shape[1], g, q, s)
         attention_mask = attention_mask.reshape(b, -1, g * q, s)
     out = F.scaled_dot_product_attention(query.reshape(b, hkv, g * q, d), key, value,
-                                                           attn_mask=attention_mask, scale=scaling)
+                                         attn_mask=attention_mask, scale=scaling)
     return out.reshape(b, h, q, d).transpose(1, 2).contiguous(), None
 
 

@@ -23,8 +23,8 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     draft_quant: a quantised draft on CPUs (quant_mode: see quant.cheapen_draft). It changes the
     draft's speed and guesses, never the output.
     target_quant: "int8" (the default on CPUs, "auto", but for the tiny test pair): int8 weights and per-token int8
-    activations, each row's attention as a step's, float32 elsewhere (quant.quantise_target). A position's logits are then the
-    same, bit for bit, in a one-token step and in any verification pass, so greedy speculative output is plain
+    activations, each row's attention as a step's, float32 elsewhere (quant.quantise_target). A position's logits are
+    then the same, bit for bit, in a one-token step and in any verification pass, so greedy speculative output is plain
     decoding's on every prompt. Both decoders share it; it is another target than the weights as loaded. "off":
     the weights as loaded (bfloat16 on most CPUs: faster to verify, but near-ties can part the two outputs).
     graphs: on CUDA, decoding steps compiled with CUDA graphs ("inductor"; also "cudagraphs", "off") over

@@ -40,7 +40,7 @@ def calls(monkeypatch):
 @pytest.mark.parametrize("context", [1, 40, 47, 48, 63, 64, 100, 500, 1000])
 @pytest.mark.parametrize("room", [0, 100])
 @pytest.mark.parametrize("g", [QWEN, TINY])  # 2: a step's product has too few rows for MKL's usual kernel
-def test_a_chain_passs_rows_equal_steps(context, room, g, calls):
+def test_a_chain_pass_rows_equal_steps(context, room, g, calls):
     torch.manual_seed(context)
     s = context + N
     key, value = cache_with_room(s, room, fill=1e4)  # finite stale entries past the cache carry no weight
@@ -57,7 +57,7 @@ def test_a_chain_passs_rows_equal_steps(context, room, g, calls):
 
 @pytest.mark.parametrize("context", [5, 60, 1000])
 @pytest.mark.parametrize("g", [QWEN, TINY])
-def test_a_tree_passs_rows_equal_steps_over_their_ancestors(context, g, calls):
+def test_a_tree_pass_rows_equal_steps_over_their_ancestors(context, g, calls):
     torch.manual_seed(context)
     parents = [-1, -1, 0, 0, 1, 2, 2, 3, 5, 5, 6, 8, 8, 10, 11, 12, 13]  # 17 nodes, depths 1 to 7
     s = context + len(parents)

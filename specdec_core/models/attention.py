@@ -34,25 +34,24 @@ def row_attention(module, query, key, value, attention_mask, dropout=0.0, scalin
     hkv = key.shape[1]
     q = (query * (d ** -0.5 if scaling is None else scaling)).view(b * hkv, h // hkv, n, d)
     q = q.transpose(1, 2)  # per key/value head: n rows of its query heads
-    ranges, gathered = {}, {}  # by width: the rows that read the cache's first keys, and those that read others
+    groups = {}  # rows by the width of their keys and whether they read the cache's first keys or others
     for i, seen in enumerate(visible_keys(attention_mask, n, key.shape[2])):
         count = seen if isinstance(seen, int) else len(seen)
-        (ranges if isinstance(seen, int) else gathered).setdefault(-(-count // BLOCK) * BLOCK, []).append((i, seen))
-    if len(ranges) == 1 and not gathered:  # a step, or a chain pass whose rows are of one width
-        (width, rows), = ranges.items()
-        out = attend(q, *(widened(t, width).reshape(b * hkv, width, d) for t in (key, value)),
-                     [c for _, c in rows])
-    else:
-        out = q.new_empty(q.shape)
-        for width, rows in ranges.items():
-            idx, counts = zip(*rows)
+        groups.setdefault((-(-count // BLOCK) * BLOCK, isinstance(seen, int)), []).append((i, seen))
+    out = q.new_empty(q.shape) if len(groups) > 1 else None
+    for (width, cached), rows in groups.items():
+        idx, seen = zip(*rows)
+        if cached:
             k, v = (widened(t, width).reshape(b * hkv, width, d) for t in (key, value))
-            out[:, list(idx)] = attend(q[:, list(idx)], k, v, list(counts))
-        for width, rows in gathered.items():  # a tree node's keys, in order, then (weightless) copies of the first
-            idx, seen = zip(*rows)
+            counts = list(seen)
+        else:  # a tree node's keys, in order, then (weightless) copies of the first
             at = torch.stack([F.pad(s, (0, width - len(s))) for s in seen]).view(-1)
             k, v = (t.index_select(2, at).view(b * hkv, len(idx), width, d) for t in (key, value))
-            out[:, list(idx)] = attend(q[:, list(idx)], k, v, [len(s) for s in seen])
+            counts = [len(s) for s in seen]
+        if out is None:  # one group: every row, in order
+            out = attend(q, k, v, counts)
+        else:
+            out[:, list(idx)] = attend(q[:, list(idx)], k, v, counts)
     return out.view(b, hkv, n, -1, d).transpose(1, 2).reshape(b, n, h, d), None
 
 

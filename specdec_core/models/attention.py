@@ -5,8 +5,9 @@
   it reads the keys that row may see (a chain row: the cache up to itself; a tree node: the cache before
   the tree and its own ancestors) padded to a multiple of BLOCK positions, the padding masked out. Rows
   of equal width share a matrix product, each row's query heads stacked per key/value head; an entry of
-  a product does not depend on how many rows it holds, so a pass repeats plain decoding's arithmetic,
-  in float32, at any context length, and reads the keys once per width, not once per row.
+  a product does not depend on how many rows it holds (probed: where it does, each row gets a product of
+  its own), so a pass repeats plain decoding's arithmetic, in float32, at any context length, and reads
+  the keys once per width, not once per row.
 - "specdec_grouped": grouped key/value heads without copying them per query head. Compiled decoding
   steps over a static cache always carry a mask, and transformers' SDPA path then repeats the key
   and value heads over the whole cache, every layer, every step (`repeat_kv`). Here each group's
@@ -34,12 +35,13 @@ def row_attention(module, query, key, value, attention_mask, dropout=0.0, scalin
     hkv = key.shape[1]
     q = (query * (d ** -0.5 if scaling is None else scaling)).view(b * hkv, h // hkv, n, d)
     q = q.transpose(1, 2)  # per key/value head: n rows of its query heads
+    alone = not rows_agree(b * hkv, h // hkv, d, query.device, query.dtype)  # then a product per row, as a step's
     groups = {}  # rows by the width of their keys and whether they read the cache's first keys or others
     for i, seen in enumerate(visible_keys(attention_mask, n, key.shape[2])):
         count = seen if isinstance(seen, int) else len(seen)
-        groups.setdefault((-(-count // BLOCK) * BLOCK, isinstance(seen, int)), []).append((i, seen))
+        groups.setdefault((-(-count // BLOCK) * BLOCK, isinstance(seen, int), i if alone else 0), []).append((i, seen))
     out = q.new_empty(q.shape) if len(groups) > 1 else None
-    for (width, cached), rows in groups.items():
+    for (width, cached, _), rows in groups.items():
         idx, seen = zip(*rows)
         if cached:
             k, v = (widened(t, width).reshape(b * hkv, width, d) for t in (key, value))
@@ -82,6 +84,31 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: list[int])
             past.masked_fill_((torch.arange(lo, width) >= torch.tensor(counts)[:, None])[:, None].to(q.device),
                               float("-inf"))
     return torch.bmm(scores.softmax(-1), v)[:, :rows].reshape(b, m, g, d)
+
+
+_agrees: dict = {}  # rows_agree's answers, by the shapes and type of the products
+
+
+def rows_agree(b: int, g: int, d: int, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether `attend` gives a row the same bits alone, as a step computes it, and among the rows of a pass: up to
+    65 of them, reading one range of keys or keys gathered per row. Batching a pass's rows relies on it. MKL's
+    products do so here from MIN_ROWS rows up, for 2 key/value heads but not for 1 (a batch of one product); where
+    this probe on random numbers (once per shape, at two key widths) finds otherwise, each row gets a product of
+    its own, as a step does."""
+    key = (device.type, dtype, b, g, d)
+    if key not in _agrees:
+        gen, agree = torch.Generator().manual_seed(0), True
+        for width in (BLOCK, 17 * BLOCK):
+            q, k, v = (torch.randn(size, generator=gen).to(device, dtype)
+                       for size in ((b, 65, g, d), (b, width, d), (b, width, d)))
+            counts = [width - i % BLOCK for i in range(65)]
+            steps = torch.cat([attend(q[:, i:i + 1], k, v, counts[i:i + 1]) for i in range(65)], 1)
+            for m in (2, 5, 17, 65):
+                per_row = [t[:, None].expand(b, m, width, d) for t in (k, v)]  # a tree's layout
+                agree &= torch.equal(attend(q[:, :m], k, v, counts[:m]), steps[:, :m]) and \
+                    torch.equal(attend(q[:, :m], *per_row, counts[:m]), steps[:, :m])
+        _agrees[key] = agree
+    return _agrees[key]
 
 
 def widened(t: torch.Tensor, width: int) -> torch.Tensor:

@@ -29,9 +29,9 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
-def tiny_config(vocab: int, layers: int = 2, hidden: int = 64) -> Qwen2Config:
+def tiny_config(vocab: int, layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2) -> Qwen2Config:
     return Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                       num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=4096,
                        tie_word_embeddings=False, initializer_range=0.2, eos_token_id=vocab - 1)
 
 

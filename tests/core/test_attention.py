@@ -31,6 +31,8 @@ def step(query, key, value, row: int, seen) -> torch.Tensor:
 def calls(monkeypatch):
     """Per call of the one kernel behind every row: its number of rows, the width of its key range, and whether
     the rows read keys gathered for each (a tree node's) rather than one range of the cache."""
+    for g in (QWEN, TINY):  # probed before the recording starts (attention.rows_agree)
+        attention.rows_agree(HKV, g, D, torch.device("cpu"), torch.float32)
     seen, attend = [], attention.attend
     monkeypatch.setattr(attention, "attend", lambda q, k, *a: seen.append((q.shape[1], k.shape[-2], k.dim() == 4))
                         or attend(q, k, *a))
@@ -73,3 +75,22 @@ def test_a_tree_pass_rows_equal_steps_over_their_ancestors(context, g, calls):
         seen = sees[i].nonzero()[:, 0]
         assert len(seen) > context + 1 or parents[i] < 0
         assert torch.equal(out[0, i], step(query, key, value, i, seen)), i
+
+
+def test_where_a_product_s_rows_depend_on_their_number_each_row_gets_a_step_s_product(monkeypatch, calls):
+    """Batching a pass's rows relies on the matrix products giving a row the same bits whatever number of rows they
+    hold. MKL does here from 4 rows up; another CPU's library may not. Such a library is probed, and every row then
+    gets a product of its own, shaped as a step's."""
+    real = torch.bmm
+    # sums that change with the number of rows in the product, as MKL's do below 4 rows
+    monkeypatch.setattr(torch, "bmm", lambda a, b: (lambda out: out + out * (a.shape[1] * 2.0 ** -20))(real(a, b)))
+    monkeypatch.setattr(attention, "_agrees", {})
+    torch.manual_seed(0)
+    context = 100
+    key, value = cache_with_room(context + N, 50, fill=0.0)
+    query = torch.randn(1, HKV * QWEN, N, D)
+    out = row_attention(None, query, key, value, None)[0]
+    assert attention._agrees == {("cpu", torch.float32, HKV, QWEN, D): False}
+    assert [rows for rows, _, _ in calls][-N:] == [1] * N  # after the probe's calls, a call per row
+    for i in range(N):
+        assert torch.equal(out[0, i], step(query, key, value, i, context + i + 1)), i

@@ -203,6 +203,23 @@ def test_the_int8_target_gives_a_position_the_same_logits_alone_or_in_a_pass(tin
     assert (alone - full).abs().max() > 1e-3 and (tree - branch_alone).abs().max() > 1e-3
 
 
+def test_the_int8_target_is_exact_with_one_key_value_head(tiny):
+    """With one key/value head (multi-query attention, as some Hub models have) each head's product is a batch of
+    one, and MKL then sums a row differently with the number of rows beside it: batched, every row of a pass here
+    differed from its step. The probe (attention.rows_agree) finds that, and each row gets a step's product."""
+    from specdec_core.models import attention
+    from specdec_core.models.tiny import tiny_config
+    from transformers import Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = tiny_config(tiny.vocab, hidden=96, heads=6, kv_heads=1)
+    target = quantise_target(Qwen2ForCausalLM(cfg).eval())
+    alone, full, tree, branch_alone = logits_alone_and_in_a_pass(target, tiny.vocab)
+    assert torch.equal(alone, full)
+    assert torch.equal(tree, branch_alone)
+    assert ("cpu", torch.float32, 1, 6, 16) in attention._agrees
+
+
 def test_the_int8_target_reads_a_prompt_in_one_call_a_layer_and_a_pass_in_one_product_per_key_width(tiny, monkeypatch):
     """Both decoders compute a prompt alike, so it needs no step's arithmetic; every decoding position does: a pass's
     rows that read keys of one padded width share the kernel a step runs."""

@@ -82,8 +82,12 @@ def test_where_a_product_s_rows_depend_on_their_number_each_row_gets_a_step_s_pr
     hold. MKL does here from 4 rows up; another CPU's library may not. Such a library is probed, and every row then
     gets a product of its own, shaped as a step's."""
     real = torch.bmm
-    # sums that change with the number of rows in the product, as MKL's do below 4 rows
-    monkeypatch.setattr(torch, "bmm", lambda a, b: (lambda out: out + out * (a.shape[1] * 2.0 ** -20))(real(a, b)))
+
+    def bmm(a, b):  # sums that change with the number of rows in the product, as MKL's do below 4 rows
+        out = real(a, b)
+        return out + out * (a.shape[1] * 2.0 ** -20)
+
+    monkeypatch.setattr(torch, "bmm", bmm)
     monkeypatch.setattr(attention, "_agrees", {})
     torch.manual_seed(0)
     context = 100

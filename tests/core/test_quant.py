@@ -207,9 +207,10 @@ def test_the_int8_target_is_exact_with_one_key_value_head(tiny):
     """With one key/value head (multi-query attention, as some Hub models have) each head's product is a batch of
     one, and MKL then sums a row differently with the number of rows beside it: batched, every row of a pass here
     differed from its step. The probe (attention.rows_agree) finds that, and each row gets a step's product."""
+    from transformers import Qwen2ForCausalLM
+
     from specdec_core.models import attention
     from specdec_core.models.tiny import tiny_config
-    from transformers import Qwen2ForCausalLM
 
     torch.manual_seed(0)
     cfg = tiny_config(tiny.vocab, hidden=96, heads=6, kv_heads=1)

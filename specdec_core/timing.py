@@ -84,6 +84,28 @@ def passes_ms(pair, role: str, context: int, sizes, reps: int = 10, warm: int = 
     return out
 
 
+def contexts_ms(pair, role: str, contexts, sizes, reps: int = 10, warm: int = 3) -> dict[int, dict[int, float]]:
+    """passes_ms at several context lengths, {context: {n: median milliseconds}}, the calls interleaved (every
+    context and size once a repetition): a slow spell of the machine then weighs on each context alike, and
+    their ratio holds where two timings of the same pass, a minute apart, differ by half."""
+    lms = {}
+    for context in contexts:
+        lms[context] = pair.cached(role)
+        lms[context].prefill(list(range(1, context)))
+    clock, times = Clock(next(iter(lms.values())).device), {(c, n): [] for c in contexts for n in sizes}
+    for rep in range(warm + reps):
+        for context, lm in lms.items():
+            for n in sizes:
+                x = torch.ones(n, dtype=torch.long, device=lm.device)
+                clock.lap(sync=True)
+                lm.forward(x, keep=n)
+                spent = clock.lap(sync=True)
+                lm.crop(context - 1)
+                if rep >= warm:
+                    times[context, n].append(spent)
+    return {c: {n: statistics.median(times[c, n]) * 1000 for n in sizes} for c in contexts}
+
+
 def probe_costs(pair, k: int = 4, context: int = 128) -> dict:
     """The draft's step (c) and a (k+1)-token verification pass (v), each relative to the target's
     one-token step, timed on this device: what the cost model needs to say whether drafting pays."""

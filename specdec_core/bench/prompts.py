@@ -27,7 +27,7 @@ from ..models.quant import QUANT_MODES
 from ..models.step import DecodeStep, Int4Product
 from ..sampling import warp
 from ..theory import measured_costs, predicted_speedup
-from ..timing import median_ms, pass_ms, passes_ms
+from ..timing import contexts_ms, median_ms, pass_ms
 
 NOT_FLAGS = ("chat", "record_top", "tree_nodes")  # SpecConfig's fields that are not flags (--tree takes a list)
 STAT_KEYS = ("tokens", "seconds", "tokens_per_s")
@@ -178,13 +178,12 @@ def table(report: dict) -> str:
 
 def costs_by_context(pair, contexts: list[int], k: int) -> dict:
     """The target's one-token step and its (k+1)-token verification pass, and a draft step, at each context
-    length: what a long conversation costs each of them (milliseconds, median of 10 after warm-up)."""
-    out = {}
-    for context in contexts:
-        target = passes_ms(pair, "target", context, (1, k + 1))
-        out[context] = {"step_ms": target[1], f"pass_{k + 1}_ms": target[k + 1],
-                        "draft_step_ms": pass_ms(pair, "draft", context, 1) if pair.draft is not None else None}
-    return out
+    length: what a long conversation costs each of them (milliseconds, median of 10 after warm-up, the contexts
+    timed in turn so that their ratio survives the machine's drift)."""
+    target = contexts_ms(pair, "target", contexts, (1, k + 1))
+    draft = contexts_ms(pair, "draft", contexts, (1,)) if pair.draft is not None else {}
+    return {c: {"step_ms": target[c][1], f"pass_{k + 1}_ms": target[c][k + 1],
+                "draft_step_ms": draft[c][1] if draft else None} for c in contexts}
 
 
 def draft_step_table(pair, context: int = 128, reps: int = 30) -> dict:

@@ -317,7 +317,8 @@ def options(argv=None) -> argparse.Namespace:
                     help="the target: auto (int8 on CPUs), off (as loaded) or int8; a comma list compares them in one run")
     ap.add_argument("--peer", default="none", choices=["none", "llama.cpp"],
                     help="also time llama.cpp's plain decoding of the bundled target's GGUF (needs llama-cpp-python)")
-    ap.add_argument("--contexts", default="", help="comma list of context lengths: time a step and a pass at each, the contexts in turn")
+    ap.add_argument("--contexts", default="",
+                    help="comma list of context lengths: time a step and a pass at each, the contexts in turn")
     ap.add_argument("--draft-table", action="store_true", help="time where a draft step goes, part by part")
     ap.add_argument("--draft-step", default="written",
                     help="the draft's decoding step on CPUs: written (models/step.py) or general (transformers' forward); "

@@ -1,7 +1,7 @@
 """Timing: a decoder's own clock, and passes of a pair's models timed on the device they run on.
 
 Below the engine and the models: the engine charges each round to its Clock, the drafters size token trees
-from `tree_costs`, the app and the benches read `probe_costs` and `passes_ms`. A pair is used through
+from `tree_costs`, the app and the benches read `probe_costs`, `passes_ms` and `contexts_ms`. A pair is used through
 `pair.cached(role)` only, so nothing here imports the models.
 """
 from __future__ import annotations
@@ -60,34 +60,26 @@ def pass_ms(pair, role: str, context: int, n: int, reps: int = 10) -> float:
     return passes_ms(pair, role, context, (n,), reps)[n]
 
 
-def median_ms(run, device, reps: int = 10, warm: int = 3, after=None) -> float:
+def median_ms(run, device, reps: int = 10, warm: int = 3) -> float:
     """Median milliseconds of `run()` on `device` over `reps` calls, after `warm` that warm up (and compile, when
-    compiled); `after()` runs between calls, untimed."""
+    compiled)."""
     clock, times = Clock(device), []
     for _ in range(reps + warm):
         clock.lap(sync=True)
         run()
         times.append(clock.lap(sync=True))
-        if after is not None:
-            after()
     return statistics.median(times[warm:]) * 1000
 
 
 def passes_ms(pair, role: str, context: int, sizes, reps: int = 10, warm: int = 3) -> dict[int, float]:
     """pass_ms for several sizes, after one prefill: {n: median milliseconds}."""
-    lm = pair.cached(role)
-    lm.prefill(list(range(1, context)))
-    out = {}
-    for n in sizes:
-        x = torch.ones(n, dtype=torch.long, device=lm.device)
-        out[n] = median_ms(lambda: lm.forward(x, keep=n), lm.device, reps, warm, after=lambda: lm.crop(context - 1))
-    return out
+    return contexts_ms(pair, role, (context,), sizes, reps, warm)[context]
 
 
 def contexts_ms(pair, role: str, contexts, sizes, reps: int = 10, warm: int = 3) -> dict[int, dict[int, float]]:
-    """passes_ms at several context lengths, {context: {n: median milliseconds}}, the calls interleaved (every
-    context and size once a repetition): a slow spell of the machine then weighs on each context alike, and
-    their ratio holds where two timings of the same pass, a minute apart, differ by half."""
+    """Passes of each size after each context length, {context: {n: median milliseconds}}, the calls interleaved
+    (every context and size once a repetition): a slow spell of the machine then weighs on each alike, and their
+    ratios hold where two timings of the same pass, a minute apart, differ by half."""
     lms = {}
     for context in contexts:
         lms[context] = pair.cached(role)

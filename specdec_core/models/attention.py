@@ -35,7 +35,8 @@ def row_attention(module, query, key, value, attention_mask, dropout=0.0, scalin
     hkv = key.shape[1]
     q = (query * (d ** -0.5 if scaling is None else scaling)).view(b * hkv, h // hkv, n, d)
     q = q.transpose(1, 2)  # per key/value head: n rows of its query heads
-    alone = not rows_agree(b * hkv, h // hkv, d, query.device, query.dtype)  # then a product per row, as a step's
+    # rows of a pass whose batched sums would differ from a step's get a product each (a step's one row needs no probe)
+    alone = n > 1 and not rows_agree(b * hkv, h // hkv, d, query.device, query.dtype)
     groups = {}  # rows by the width of their keys and whether they read the cache's first keys or others
     for i, seen in enumerate(visible_keys(attention_mask, n, key.shape[2])):
         count = seen if isinstance(seen, int) else len(seen)

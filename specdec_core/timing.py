@@ -84,13 +84,14 @@ def contexts_ms(pair, role: str, contexts, sizes, reps: int = 10, warm: int = 3)
     for context in contexts:
         lms[context] = pair.cached(role)
         lms[context].prefill(list(range(1, context)))
-    clock, times = Clock(next(iter(lms.values())).device), {(c, n): [] for c in contexts for n in sizes}
+    device = next(iter(lms.values())).device
+    clock, times = Clock(device), {(c, n): [] for c in contexts for n in sizes}
+    inputs = {n: torch.ones(n, dtype=torch.long, device=device) for n in sizes}
     for rep in range(warm + reps):
         for context, lm in lms.items():
             for n in sizes:
-                x = torch.ones(n, dtype=torch.long, device=lm.device)
                 clock.lap(sync=True)
-                lm.forward(x, keep=n)
+                lm.forward(inputs[n], keep=n)
                 spent = clock.lap(sync=True)
                 lm.crop(context - 1)
                 if rep >= warm:

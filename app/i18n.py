@@ -44,7 +44,9 @@ so every token has the target's own distribution (greedy: keep a draft token onl
 K+1 tokens costs little more than over one. With acceptance rate a, a round yields (1 − a^(K+1)) / (1 − a)
 tokens for the price of K draft steps and one target pass. By default a draft also stops early, once the draft's
 own confidence that all of it is right (the product of its top probabilities) falls below a threshold: it drafts
-long where it is sure and short where it is not, so K is the most it drafts.
+long where it is sure and short where it is not, so K is the most it drafts. Where the text repeats two or three
+tokens seen before, a draft step also checks the tokens that followed them there, in the same forward: each one
+the draft then draws costs it no step of its own.
 
 **Why greedy output is token for token the same here.** In many engines a position's logits depend on the shape
 of the pass that computes them: a 17-token verification pass sums its products in another order than a one-token
@@ -63,6 +65,8 @@ memória, uma passada sobre K+1 tokens custa pouco mais que sobre um. Com taxa d
 (1 − a^(K+1)) / (1 − a) tokens pelo preço de K passos do rascunho e uma passada do alvo. Por padrão o rascunho
 também para antes, quando a confiança do próprio rascunho de que tudo está certo (o produto das suas maiores
 probabilidades) cai abaixo de um limiar: rascunha muito onde tem certeza e pouco onde não tem; K é o máximo.
+Onde o texto repete dois ou três tokens já vistos, um passo do rascunho também confere, na mesma passada, os
+tokens que vieram depois deles: cada um que o rascunho então sorteia não lhe custa um passo próprio.
 
 **Por que a saída gulosa é aqui a mesma, token a token.** Em muitos motores os logits de uma posição dependem do
 formato da passada que os calcula: uma passada de verificação de 17 tokens soma seus produtos em outra ordem que

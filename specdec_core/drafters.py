@@ -27,6 +27,7 @@ from .timing import tree_costs
 from .transfer import Transfer, upload
 
 TREE_WIDTH = 4  # a tree node's children
+GUESS = 3  # tokens a chain's draft forward may guess behind its node (the 0.5B draft: 4 rows cost 1.4x a step's 1)
 
 
 @dataclass
@@ -140,14 +141,17 @@ class ModelDrafter:
     name = "model"
 
     def __init__(self, lm: CachedModel, cut_on_device: bool | None = None, width: int = TREE_WIDTH,
-                 expand: int | None = None, pass_cost: PassCosts | None = None):
+                 expand: int | None = None, pass_cost: PassCosts | None = None, guess: int = GUESS):
         self.lm = lm
+        # guesses fed behind a chain's node: up to `guess` tokens that followed its n-gram earlier (0: none)
+        self.guess, self.ngrams = guess, Ngrams(most=guess, least=2)
         self.cut_on_device = lm.device.type != "cpu" if cut_on_device is None else cut_on_device
         # a tree: children per node, nodes fed to the draft per level (two on CPUs), costs that size it
         self.width, self.pass_cost = width, pass_cost
         self.expand = (2 if lm.device.type == "cpu" else width) if expand is None else expand
         self.fed: Fed | None = None  # the drafted nodes fed to the cache in the last round
         self.forwards = 1  # draft forwards the last tree took: this round's sizing must not depend on its own draws
+        self.guessed = 0  # nodes, over all drafts, whose distribution came with a guess (no forward of their own)
 
     def start(self, ids):
         self.lm.reset()
@@ -173,14 +177,17 @@ class ModelDrafter:
         whose siblings are the first ones drawn, as verify.decide requires; and neither a node's rank nor the ranks
         before it depend on the token drawn there or below, so sampled nodes are kept without bias.
         Each level's choices are read on the host in one transfer; a chain cut on the device reads nothing.
+        Where a level feeds the chain's node alone, its forward carries guesses of the nodes below it (`feed`).
         """
         dev = self.lm.device
         if not k:
             return Draft(torch.empty(0, dtype=torch.long, device=dev), None)
-        logits = self.lm.forward(upload(ids[self.lm.length:], dev), keep=1)
-        start, limit = self.lm.length, cfg.tree_nodes or k
-        width = min(self.width, logits.shape[-1]) if cfg.tree_nodes else 1
+        start, limit = len(ids), cfg.tree_nodes or k
+        width = min(self.width, self.lm.vocab) if cfg.tree_nodes else 1
         on_device = self.cut_on_device and width == 1  # a GPU chain: drafts all k, its cut becomes the draft's size
+        guessing = self.guess and not on_device  # a chain cut on the device reads no tokens to compare guesses with
+        path = list(ids)  # the committed tokens and the chain's so far
+        logits, pending = self.feed(ids[self.lm.length:], 1, ids, path, min(k, limit) - 1 if guessing else 0)
         g, frontier, forwards, chosen = Grown(), [-1], 1, []
         for depth in range(k):
             q, bad = warp(logits, cfg.temperature, cfg.top_k, cfg.top_p)
@@ -202,10 +209,18 @@ class ModelDrafter:
             others = sorted((i for i in level if i != chain_node and nodes[i].rank >= cfg.min_confidence),
                             key=lambda i: (-nodes[i].rank, i))[: self.expand - 1]
             frontier = sorted([chain_node, *others])  # parents before children, as TreeInput wants
+            path.append(nodes[chain_node].token)
+            if pending and frontier == [chain_node] and pending[0][0] == path[-1]:  # guessed: already fed
+                logits = pending.pop(0)[1][None]
+                g.fed.append(chain_node)
+                self.guessed += 1
+                continue
+            self.lm.crop(start + len(g.fed))  # the guesses that were wrong
             index = {node: j for j, node in enumerate(g.fed)}
             parents = [index.get(nodes[n].parent, -1) for n in g.fed + frontier]
-            logits = self.lm.forward(upload([nodes[i].token for i in frontier], dev), keep=len(frontier),
-                                     tree=None if parents == chain(len(parents)) else TreeInput(parents, fed=len(g.fed)))
+            tree = None if parents == chain(len(parents)) else TreeInput(parents, fed=len(g.fed))
+            more = min(k, limit) - depth - 2 if guessing and tree is None else 0
+            logits, pending = self.feed([nodes[i].token for i in frontier], len(frontier), ids, path, more, tree)
             g.fed += frontier
             forwards += 1
         if on_device:
@@ -213,6 +228,19 @@ class ModelDrafter:
         draft = self.select(g, start, limit, cfg)
         self.forwards = forwards
         return draft
+
+    def feed(self, tokens: list[int], rows: int, ids: list[int], path: list[int], most: int,
+             tree: TreeInput | None = None) -> tuple[torch.Tensor, list[tuple[int, torch.Tensor]]]:
+        """Feed `tokens` to the draft and, behind the last one, up to `most` guesses: the tokens that followed, in
+        the committed `ids`, the n-gram that `path` (ids and the chain so far) ends with, as many as the n-gram is
+        long. Returns the logits of the last `rows` tokens, and each guess with the logits after it. A forward of
+        a few rows costs little more than one, and a guess the chain then draws needs no forward of its own; where
+        it draws another token, the guesses are cropped (those behind the chain's last node, by commit). Either
+        way a node is drawn from the draft's distribution after its own path, and verified against that q."""
+        n, guesses = self.ngrams.after(ids, path, most) if most > 0 else (0, [])
+        guesses = guesses[:n]
+        logits = self.lm.forward(upload(tokens + guesses, self.lm.device), keep=rows + len(guesses), tree=tree)
+        return logits[:rows], list(zip(guesses, logits[rows:]))
 
     def select(self, g: Grown, start: int, limit: int, cfg) -> Draft:
         """The nodes worth their rows in the target's pass (a chain: every node), as a draft; the fed ones are
@@ -264,6 +292,32 @@ class ModelDrafter:
         self.lm.check()
 
 
+class Ngrams:
+    """Where each n-gram of a growing sequence (n = least..most) last occurred with a token after it: prompt
+    lookup's index. It is brought up to date with the tokens added since the last call, so a lookup costs the
+    same at any length."""
+
+    def __init__(self, most: int = 3, least: int = 1):
+        self.most, self.least = most, least
+        self.ids: list[int] = []
+        self.last: dict[tuple[int, ...], int] = {}  # n-gram -> where the token after its latest occurrence sits
+
+    def after(self, ids: list[int], tail: list[int], most: int) -> tuple[int, list[int]]:
+        """Up to `most` tokens of `ids` that followed the latest earlier occurrence of the longest n-gram ending
+        `tail` (`ids` and what follows them), and that n; (0, []) where none occurred."""
+        if ids[: len(self.ids)] != self.ids:  # not a continuation of the indexed sequence: index it afresh
+            self.ids, self.last = [], {}
+        for j in range(max(len(self.ids), 1), len(ids)):  # j: where the token after an n-gram sits
+            for n in range(self.least, min(self.most, j) + 1):
+                self.last[tuple(ids[j - n:j])] = j
+        self.ids = list(ids)
+        for n in range(min(self.most, len(tail)), self.least - 1, -1):
+            j = self.last.get(tuple(tail[-n:]))
+            if j is not None:
+                return n, ids[j:j + most]
+        return 0, []
+
+
 class PromptLookupDrafter:
     """No model: find the latest earlier occurrence of the last n tokens and propose what followed.
 
@@ -273,22 +327,13 @@ class PromptLookupDrafter:
     name = "prompt-lookup"
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.ngrams = Ngrams(max_ngram, min_ngram)
 
     def start(self, ids):
         pass
 
     def propose(self, ids, k, cfg, generator):
-        found: list[int] = []
-        for n in range(min(self.max_ngram, len(ids) - 1), self.min_ngram - 1, -1):
-            tail = ids[-n:]
-            for start in range(len(ids) - n - 1, -1, -1):
-                if ids[start:start + n] == tail:
-                    found = ids[start + n:start + n + k]
-                    break
-            if found:
-                break
-        return Draft(torch.tensor(found[:k], dtype=torch.long), None)
+        return Draft(torch.tensor(self.ngrams.after(ids, ids, k)[1], dtype=torch.long), None)
 
     def commit(self, ids):
         pass

@@ -41,30 +41,30 @@ def toy_pair():
     return Pair("toy", target, draft, None, VOCAB, frozenset(), 64, cpu, torch.float32, pass_costs=FLAT_COSTS)
 
 
-def exact_distribution(pair, warp):
+def exact_distribution(pair, warp, prompt):
     probs = {}
     with torch.no_grad():
         for seq in itertools.product(range(VOCAB), repeat=LENGTH):
-            logits = pair.target(torch.tensor([PROMPT + list(seq)])).logits[0]
-            p = warp(logits[len(PROMPT) - 1: -1])
+            logits = pair.target(torch.tensor([prompt + list(seq)])).logits[0]
+            p = warp(logits[len(prompt) - 1: -1])
             probs[seq] = float(torch.prod(p[torch.arange(LENGTH), torch.tensor(seq)]))
     return probs
 
 
-def sample_counts(pair, cfg, drafter):
+def sample_counts(pair, cfg, drafter, prompt):
     counts = {}
     for seed in range(SAMPLES):
         made = drafter(pair) if callable(drafter) else make_drafter(pair, drafter, SpecConfig(**cfg))
-        events = speculative_generate(pair, PROMPT, SpecConfig(seed=seed, **cfg), made)
+        events = speculative_generate(pair, prompt, SpecConfig(seed=seed, **cfg), made)
         seq = tuple(t for e in events for t in e.committed)
         counts[seq] = counts.get(seq, 0) + 1
     return counts
 
 
-def p_value(pair, cfg, drafter="model"):
+def p_value(pair, cfg, drafter="model", prompt=PROMPT):
     warped = lambda logits: warp(logits, cfg["temperature"], cfg.get("top_k", 0), cfg.get("top_p", 1.0))[0]
-    exact = exact_distribution(pair, warped)
-    counts = sample_counts(pair, cfg, drafter)
+    exact = exact_distribution(pair, warped, prompt)
+    counts = sample_counts(pair, cfg, drafter, prompt)
     assert set(counts) <= {s for s, p in exact.items() if p > 0}
     seqs = sorted(exact, key=exact.get, reverse=True)
     observed, expected = [], []
@@ -111,6 +111,20 @@ CUT = dict(CFG, k=3, min_confidence=0.5)
                                            (dict(CUT, temperature=0.7), device_cut)])
 def test_speculative_samples_follow_the_target(toy_pair, cfg, drafter):
     assert p_value(toy_pair, cfg, drafter) > 1e-3
+
+
+# ends with the 2-gram "3 2", which was followed by 2: the draft's first forward guesses 2 behind its node
+REPEATING = [3, 2, 2, 1, 3, 2]
+
+
+def test_chains_that_draw_guessed_tokens_follow_the_target(toy_pair):
+    """A node drawn equal to the guess fed behind its parent takes its distribution from the guess's row; in about
+    half the rounds here the node is another token, and the guess is cropped."""
+    drafter = ModelDrafter(toy_pair.cached("draft"))
+    rounds = [e for seed in range(30) for e in speculative_generate(toy_pair, REPEATING, SpecConfig(seed=seed, **CFG),
+                                                                   drafter)]
+    assert 10 < drafter.guessed < len(rounds) - 10
+    assert p_value(toy_pair, CFG, prompt=REPEATING) > 1e-3
 
 
 def test_cost_sized_trees_are_cut_and_device_cuts_happen(toy_pair):

@@ -3,11 +3,14 @@ import dataclasses
 import math
 
 import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specdec_core import SpecConfig, autoregressive_generate, generate, speculative_generate
-from specdec_core.drafters import ModelDrafter, PromptLookupDrafter, make_drafter
+from specdec_core.drafters import ModelDrafter, Ngrams, PromptLookupDrafter, make_drafter
+from specdec_core.models import Pair
 
-from ..conftest import with_eos
+from ..conftest import FLAT_COSTS, with_eos
 
 PROMPT = "def fib(n):"
 
@@ -190,3 +193,61 @@ def test_the_race_runs_the_decoder_behind_on_its_own_clock_next():
     clock = lambda *times: iter(SimpleNamespace(elapsed_s=t) for t in times)
     order = [(name, e.elapsed_s) for name, e in interleave({"plain": clock(1.0, 2.0, 3.0), "spec": clock(2.5, 2.6)})]
     assert order == [("plain", 1.0), ("spec", 2.5), ("plain", 2.0), ("plain", 3.0), ("spec", 2.6)]
+
+
+def scanned(ids: list[int], k: int, most: int = 3) -> list[int]:
+    """Prompt lookup by scanning: the continuation of the latest earlier occurrence of the longest n-gram ending ids."""
+    for n in range(min(most, len(ids) - 1), 0, -1):
+        for start in range(len(ids) - n - 1, -1, -1):
+            if ids[start:start + n] == ids[-n:]:
+                return ids[start + n:start + n + k]
+    return []
+
+
+def test_the_n_gram_index_finds_what_a_scan_finds():
+    """Ngrams indexes a sequence as it grows (and afresh when it is not a continuation): every lookup agrees with a
+    scan of the whole sequence."""
+    g = torch.Generator().manual_seed(0)
+    ngrams, found = Ngrams(), 0
+    for _ in range(3):  # three unrelated sequences through one index
+        ids = []
+        for _ in range(60):
+            ids = ids + torch.randint(0, 5, (int(torch.randint(1, 4, (1,), generator=g)),), generator=g).tolist()
+            n, after = ngrams.after(ids, ids, 4)
+            assert after == scanned(ids, 4) and (n > 0) == bool(after)
+            found += bool(after)
+    assert found > 100
+
+
+def small_vocabulary_pair(vocab: int = 6) -> Pair:
+    """A target and a draft over 6 tokens, random and sharp: their text soon repeats, so lookups find n-grams."""
+    target, draft = (Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, initializer_range=0.8, tie_word_embeddings=False)).eval() for _ in range(2))
+    return Pair("six", target, draft, None, vocab, frozenset(), 512, torch.device("cpu"), torch.float32,
+                pass_costs=FLAT_COSTS)
+
+
+def drafts_of(pair, prompt, cfg, guess: int) -> tuple[list, int, ModelDrafter]:
+    """Each round's draft and committed tokens, the draft forwards they took, and the drafter."""
+    drafter, calls = ModelDrafter(pair.cached("draft"), guess=guess), []
+    forward = drafter.lm.forward
+    drafter.lm.forward = lambda ids, *a, **kw: calls.append(ids.numel()) or forward(ids, *a, **kw)
+    events = list(speculative_generate(pair, prompt, cfg, drafter))
+    return [(e.drafted, e.committed) for e in events], len(calls), drafter
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_guesses_save_draft_forwards_and_change_no_draft(temperature):
+    """A chain's forwards carry what followed its n-gram earlier: every round drafts and commits what it does
+    without guesses (same seed), in fewer draft forwards; greedy output is plain decoding's."""
+    torch.manual_seed(0)
+    pair, prompt = small_vocabulary_pair(), [0, 1, 2, 3, 4, 5, 1, 2]
+    cfg = SpecConfig(k=8, max_new_tokens=120, temperature=temperature, min_confidence=0.0)
+    plain, plain_forwards, _ = drafts_of(pair, prompt, cfg, 0)
+    guessed, forwards, drafter = drafts_of(pair, prompt, cfg, 3)
+    assert guessed == plain
+    assert drafter.guessed > 20 and forwards == plain_forwards - drafter.guessed
+    if not temperature:
+        assert [t for _, committed in guessed for t in committed] == \
+            [t for e in autoregressive_generate(pair, prompt, cfg) for t in e.committed]

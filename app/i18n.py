@@ -206,6 +206,8 @@ mostra o primeiro token em que as saídas se separam e o logit do alvo para cada
                   "passada de verificação"),
     "caption": ("Round {r}: drafted {d}, the target agreed with {a}",
                 "Rodada {r}: rascunhou {d}, o alvo concordou com {a}"),
+    "caption_steps": ("Round {r}: drafted {d} in {s} draft steps, the target agreed with {a}",
+                      "Rodada {r}: rascunhou {d} em {s} passos do rascunho, o alvo concordou com {a}"),
     "caption_replaced": (", replaced the {nth}", ", substituiu o {nth}"),
     "caption_bonus": (", and added a bonus token", " e acrescentou um token bônus"),
     "caption_kept": (", kept {n} token{s}.", ", manteve {n} token{s}."),

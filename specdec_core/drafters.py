@@ -39,6 +39,7 @@ class Draft:
     failed: torch.Tensor | None = None  # () bool on the device: the draft produced NaN or +inf logits
     parents: list[int] = None  # each node's parent (-1: the last committed token); a chain's by default
     expected: float = 0.0  # the draft's own estimate of the tokens the target will accept
+    steps: int = 0  # the draft's forwards (a model's; fewer than its tokens where guesses or a tree's levels saved some)
 
     def __post_init__(self):
         if self.parents is None:
@@ -226,7 +227,7 @@ class ModelDrafter:
         if on_device:
             return self.device_cut(chosen, g, cfg)
         draft = self.select(g, start, limit, cfg)
-        self.forwards = forwards
+        self.forwards = draft.steps = forwards
         return draft
 
     def feed(self, tokens: list[int], rows: int, ids: list[int], path: list[int], most: int,
@@ -274,7 +275,7 @@ class ModelDrafter:
             sure = torch.stack(tops).to(dtype).cumprod(0)
             size = ((sure >= cfg.min_confidence).sum() + 1).clamp(max=len(tokens))
         return Draft(torch.cat(tokens), None if cfg.greedy else torch.stack(g.qs),
-                     torch.stack(g.raw) if cfg.record_top else None, size, torch.stack(g.failed).any())
+                     torch.stack(g.raw) if cfg.record_top else None, size, torch.stack(g.failed).any(), steps=len(tokens))
 
     def commit(self, ids):
         # keep only the committed prefix; the newest committed token is fed next round

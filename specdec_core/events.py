@@ -56,6 +56,7 @@ class RoundEvent:
     parents: list[int] = field(default_factory=list)  # node i's parent (-1: the last committed token); chain(n)
     path: list[int] = field(default_factory=list)  # the accepted nodes, root to leaf; a chain's are its first `accepted`
     expected: float = 0.0  # the tokens the draft expected the target to accept (the sum of its path probabilities)
+    draft_steps: int = 0  # the draft model's forwards this round (0: a drafter without a model, or a trace before them)
 
     def depth_of(self, i: int) -> int:
         """Node i's depth: 1 for the first token after the committed text."""

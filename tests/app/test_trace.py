@@ -1,4 +1,5 @@
 """Traces: export a race, load it back without a model, replay it to the same state; step captions."""
+import dataclasses
 import json
 
 import pytest
@@ -42,6 +43,9 @@ def test_step_captions(tiny):
         words = caption(e)
         assert f"drafted {len(e.drafted)}" in words and f"agreed with {e.accepted}" in words
         assert ("replaced" in words) == (e.token_kind == "replacement")
+    e = dataclasses.replace(race.spec.events[0], drafted=[1, 2, 3, 4], draft_steps=2)  # two drawn as guessed
+    assert caption(e).startswith(f"Round {e.round}: drafted 4 in 2 draft steps, the target agreed with")
+    assert caption(e, "pt").startswith(f"Rodada {e.round}: rascunhou 4 em 2 passos do rascunho, o alvo concordou")
 
 
 def test_the_shipped_trace_replays_without_a_model():

@@ -234,6 +234,7 @@ def drafts_of(pair, prompt, cfg, guess: int) -> tuple[list, int, ModelDrafter]:
     forward = drafter.lm.forward
     drafter.lm.forward = lambda ids, *a, **kw: calls.append(ids.numel()) or forward(ids, *a, **kw)
     events = list(speculative_generate(pair, prompt, cfg, drafter))
+    assert sum(e.draft_steps for e in events) == len(calls) - 1  # every forward but the prompt's, as the events say
     return [(e.drafted, e.committed) for e in events], len(calls), drafter
 
 

@@ -270,6 +270,13 @@ mostra o primeiro token em que as saídas se separam e o logit do alvo para cada
     "f_greedy_short": ("greedy", "guloso"),
     "f_predicted": ("{name}: predicted (a = {a:.2f})", "{name}: prevista (a = {a:.2f})"),
     "f_measured": ("{name}: measured", "{name}: medida"),
+    "guess": ("Guesses a draft step checks (0 = off)", "Palpites que um passo do rascunho confere (0 = desligado)"),
+    "guess_info": ("Where the text repeats 2-3 tokens seen before, a draft step also checks what followed them "
+                   "there; each guess the draft then draws saves it a step. Only the speed changes: the target "
+                   "verifies every token.",
+                   "Onde o texto repete 2-3 tokens já vistos, um passo do rascunho também confere o que veio depois "
+                   "deles; cada palpite que o rascunho então sorteia lhe poupa um passo. Só a velocidade muda: o "
+                   "alvo confere cada token."),
     # token trees
     "tree_nodes": ("Tree nodes (0 = a chain)", "Nós da árvore (0 = uma cadeia)"),
     "tree_info": ("Draft a tree of alternatives instead of one line; the target checks every node in one pass, "
@@ -382,6 +389,7 @@ CORE_PT = {
     "seed_range": "a semente precisa estar entre 0 e 2**63-1; veio {value}",
     "min_confidence_range": "min_confidence precisa estar em [0, 1); veio {value}",
     "tree_nodes_range": "tree_nodes precisa estar entre 0 (uma cadeia) e {limit}; veio {value}",
+    "guess_range": "guess precisa estar entre 0 (desligado) e {limit}; veio {value}",
     "record_top_range": "record_top precisa ser >= 0; veio {value}",
     "prompt_empty": "O prompt está vazio: escreva algo para gerar a partir dele.",
     "prompt_chars": "O prompt tem {n:,} caracteres; o limite é {limit:,}.",

@@ -9,7 +9,7 @@ from pathlib import Path
 import gradio as gr
 
 from specdec_core import SpecConfig
-from specdec_core.config import MAX_K, MAX_NEW_TOKENS, MAX_TEMPERATURE, MAX_TREE_NODES
+from specdec_core.config import MAX_GUESS, MAX_K, MAX_NEW_TOKENS, MAX_TEMPERATURE, MAX_TREE_NODES
 
 from . import handlers, teach
 from .i18n import LANGUAGES, t
@@ -129,13 +129,14 @@ def build_controls(tx: Texts):
                             info=key("confidence_info"))
             tree = tx(gr.Slider, 0, MAX_TREE_NODES, value=DEFAULTS.tree_nodes, step=1, label=key("tree_nodes"),
                       info=key("tree_info"), elem_id="tree-nodes")
+            guess = tx(gr.Slider, 0, MAX_GUESS, value=DEFAULTS.guess, step=1, label=key("guess"), info=key("guess_info"))
         tx(gr.Markdown, key("rules"))
     with gr.Row():
         go = tx(gr.Button, key("generate"), variant="primary", elem_id="generate")
         stop = tx(gr.Button, key("stop"), variant="stop", elem_id="stop")
     # by the name settings.ask reads: SpecConfig's fields, and the drafter
     controls = dict(k=k, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new, seed=seed,
-                    drafter=drafter, adaptive=adaptive, min_confidence=confidence, tree_nodes=tree)
+                    drafter=drafter, adaptive=adaptive, min_confidence=confidence, tree_nodes=tree, guess=guess)
     return prompt, controls, go, stop
 
 

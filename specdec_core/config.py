@@ -9,6 +9,7 @@ from .messages import Refusal
 # Caps shared by the engine, the app and the API. They bound the work one request can ask for.
 MAX_K = 16
 MAX_TREE_NODES = 64
+MAX_GUESS = 3  # a draft step's guesses: as many as the 2- or 3-token n-gram they follow is long
 MAX_NEW_TOKENS = 1024
 MAX_TEMPERATURE = 2.0
 MAX_PROMPT_CHARS = 20_000
@@ -35,6 +36,9 @@ class SpecConfig:
     record_top: int = setting(0, "top-n probabilities kept per position in events (the app's inspector asks for 5); 0 = none")
     tree_nodes: int = setting(0, "draft a token tree of up to this many nodes (depth up to k) instead of a chain; 0 = a "
                                  "chain. How many are kept follows pass costs timed once per pair")
+    guess: int = setting(MAX_GUESS, "a chain's draft step also checks up to this many tokens that followed its last 2-3 "
+                                    f"tokens earlier in the text (0..{MAX_GUESS}, 0 = off); a guess the draft then draws "
+                                    "needs no step of its own")
 
     def __post_init__(self):
         for f in fields(self):
@@ -66,6 +70,8 @@ class SpecConfig:
             raise Refusal("min_confidence_range", value=self.min_confidence)
         if not 0 <= self.tree_nodes <= MAX_TREE_NODES:
             raise Refusal("tree_nodes_range", limit=MAX_TREE_NODES, value=self.tree_nodes)
+        if not 0 <= self.guess <= MAX_GUESS:
+            raise Refusal("guess_range", limit=MAX_GUESS, value=self.guess)
         if self.record_top < 0:
             raise Refusal("record_top_range", value=self.record_top)
 

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from .cache import CachedModel, TreeInput
+from .config import MAX_GUESS
 from .events import chain
 from .messages import Refusal
 from .sampling import sample, warp
@@ -27,7 +28,6 @@ from .timing import tree_costs
 from .transfer import Transfer, upload
 
 TREE_WIDTH = 4  # a tree node's children
-GUESS = 3  # tokens a chain's draft forward may guess behind its node (the 0.5B draft: 4 rows cost 1.4x a step's 1)
 
 
 @dataclass
@@ -142,10 +142,9 @@ class ModelDrafter:
     name = "model"
 
     def __init__(self, lm: CachedModel, cut_on_device: bool | None = None, width: int = TREE_WIDTH,
-                 expand: int | None = None, pass_cost: PassCosts | None = None, guess: int = GUESS):
+                 expand: int | None = None, pass_cost: PassCosts | None = None):
         self.lm = lm
-        # guesses fed behind a chain's node: up to `guess` tokens that followed its n-gram earlier (0: none)
-        self.guess, self.ngrams = guess, Ngrams(most=guess, least=2)
+        self.ngrams = Ngrams(most=MAX_GUESS, least=2)  # where a chain's last 2-3 tokens occurred before: its guesses
         self.cut_on_device = lm.device.type != "cpu" if cut_on_device is None else cut_on_device
         # a tree: children per node, nodes fed to the draft per level (two on CPUs), costs that size it
         self.width, self.pass_cost = width, pass_cost
@@ -178,7 +177,8 @@ class ModelDrafter:
         whose siblings are the first ones drawn, as verify.decide requires; and neither a node's rank nor the ranks
         before it depend on the token drawn there or below, so sampled nodes are kept without bias.
         Each level's choices are read on the host in one transfer; a chain cut on the device reads nothing.
-        Where a level feeds the chain's node alone, its forward carries guesses of the nodes below it (`feed`).
+        Where a level feeds the chain's node alone, its forward carries up to cfg.guess guesses of the nodes below
+        it (`feed`).
         """
         dev = self.lm.device
         if not k:
@@ -186,9 +186,9 @@ class ModelDrafter:
         start, limit = len(ids), cfg.tree_nodes or k
         width = min(self.width, self.lm.vocab) if cfg.tree_nodes else 1
         on_device = self.cut_on_device and width == 1  # a GPU chain: drafts all k, its cut becomes the draft's size
-        guessing = self.guess and not on_device  # a chain cut on the device reads no tokens to compare guesses with
+        guess = 0 if on_device else cfg.guess  # a chain cut on the device reads no tokens to compare guesses with
         path = list(ids)  # the committed tokens and the chain's so far
-        logits, pending = self.feed(ids[self.lm.length:], 1, ids, path, min(k, limit) - 1 if guessing else 0)
+        logits, pending = self.feed(ids[self.lm.length:], 1, ids, path, min(guess, min(k, limit) - 1))
         g, frontier, forwards, chosen = Grown(), [-1], 1, []
         for depth in range(k):
             q, bad = warp(logits, cfg.temperature, cfg.top_k, cfg.top_p)
@@ -220,7 +220,7 @@ class ModelDrafter:
             index = {node: j for j, node in enumerate(g.fed)}
             parents = [index.get(nodes[n].parent, -1) for n in g.fed + frontier]
             tree = None if parents == chain(len(parents)) else TreeInput(parents, fed=len(g.fed))
-            more = min(k, limit) - depth - 2 if guessing and tree is None else 0
+            more = min(guess, min(k, limit) - depth - 2) if tree is None else 0
             logits, pending = self.feed([nodes[i].token for i in frontier], len(frontier), ids, path, more, tree)
             g.fed += frontier
             forwards += 1
@@ -233,11 +233,12 @@ class ModelDrafter:
     def feed(self, tokens: list[int], rows: int, ids: list[int], path: list[int], most: int,
              tree: TreeInput | None = None) -> tuple[torch.Tensor, list[tuple[int, torch.Tensor]]]:
         """Feed `tokens` to the draft and, behind the last one, up to `most` guesses: the tokens that followed, in
-        the committed `ids`, the n-gram that `path` (ids and the chain so far) ends with, as many as the n-gram is
-        long. Returns the logits of the last `rows` tokens, and each guess with the logits after it. A forward of
-        a few rows costs little more than one, and a guess the chain then draws needs no forward of its own; where
-        it draws another token, the guesses are cropped (those behind the chain's last node, by commit). Either
-        way a node is drawn from the draft's distribution after its own path, and verified against that q."""
+        the committed `ids`, the 2- or 3-gram that `path` (ids and the chain so far) ends with, as many as the
+        n-gram is long. Returns the logits of the last `rows` tokens, and each guess with the logits after it. A
+        forward of a few rows costs little more than one, and a guess the chain then draws needs no forward of its
+        own; where it draws another token, the guesses are cropped (those behind the chain's last node, by
+        commit). Either way a node is drawn from the draft's distribution after its own path, and verified
+        against that q."""
         n, guesses = self.ngrams.after(ids, path, most) if most > 0 else (0, [])
         guesses = guesses[:n]
         logits = self.lm.forward(upload(tokens + guesses, self.lm.device), keep=rows + len(guesses), tree=tree)

@@ -13,6 +13,7 @@ MESSAGES = {
     "seed_range": "seed must be between 0 and 2**63-1, got {value}",
     "min_confidence_range": "min_confidence must be in [0, 1), got {value}",
     "tree_nodes_range": "tree_nodes must be between 0 (a chain) and {limit}, got {value}",
+    "guess_range": "guess must be between 0 (off) and {limit}, got {value}",
     "record_top_range": "record_top must be >= 0, got {value}",
     "prompt_empty": "The prompt is empty: type something to generate from.",
     "prompt_chars": "The prompt is {n:,} characters; the limit is {limit:,}.",

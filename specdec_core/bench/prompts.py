@@ -29,7 +29,7 @@ from ..sampling import warp
 from ..theory import measured_costs, predicted_speedup
 from ..timing import contexts_ms, median_ms, pass_ms
 
-NOT_FLAGS = ("chat", "record_top", "tree_nodes")  # SpecConfig's fields that are not flags (--tree takes a list)
+NOT_FLAGS = ("chat", "record_top", "tree_nodes", "guess")  # SpecConfig's fields that are not flags (--tree, --guess: lists)
 STAT_KEYS = ("tokens", "seconds", "tokens_per_s")
 OWN_KEYS = STAT_KEYS + ("prefill_s", "decode_tokens_per_s")
 SPEC_KEYS = OWN_KEYS + ("acceptance_rate", "accepted_fraction", "mean_accepted_length", "tokens_per_round",
@@ -325,6 +325,8 @@ def options(argv=None) -> argparse.Namespace:
                          "a comma list compares them in one run")
     ap.add_argument("--tree", default="0",
                     help="draft token trees of up to this many nodes (0: a chain); a comma list compares them in one run")
+    ap.add_argument("--guess", default=str(SpecConfig.guess),
+                    help="guesses a chain's draft step checks (0: none); a comma list compares them in one run")
     args = ap.parse_args(argv)
     if not set(args.draft_step.split(",")) <= {"written", "general"}:
         raise SystemExit("--draft-step takes written, general or both")
@@ -338,17 +340,18 @@ def load_variants(args, cfg: SpecConfig, prompt: str) -> tuple[dict, dict, dict]
     each warmed up on `prompt` (first calls pay for allocations and kernel selection; a tree's pass costs are timed)."""
     target, _, draft = args.pair.partition(",")
     trees, steps = [int(n) for n in args.tree.split(",")], args.draft_step.split(",")
+    guesses = [int(n) for n in args.guess.split(",")]
     pairs, cfgs, load_s = {}, {}, {}
     for quant in args.target_quant.split(","):
         t0 = time.perf_counter()
         pair = load_pair(target, draft or None, device=args.device, dtype=args.dtype, target_quant=quant,
                          draft_quant=False if args.draft_quant == "off" else "auto", quant_mode=args.draft_quant)
         quant, loaded = pair.info["target_quant"], pair  # "auto" resolved
-        for nodes, written in itertools.product(trees, steps):
+        for nodes, written, guess in itertools.product(trees, steps, guesses):
             variant = ", ".join([quant] + [f"tree of {nodes}" if nodes else "chain"] * (len(trees) > 1)
-                                + [f"{written} draft step"] * (len(steps) > 1))
+                                + [f"{written} draft step"] * (len(steps) > 1) + [f"guess {guess}"] * (len(guesses) > 1))
             pairs[variant] = loaded if written == "written" else dataclasses.replace(loaded, steps={})
-            cfgs[variant], pair = dataclasses.replace(cfg, tree_nodes=nodes), pairs[variant]
+            cfgs[variant], pair = dataclasses.replace(cfg, tree_nodes=nodes, guess=guess), pairs[variant]
             load_s[variant] = time.perf_counter() - t0
             warm = dataclasses.replace(cfgs[variant], max_new_tokens=8)
             generate(pair, prompt, warm, "autoregressive")
@@ -388,8 +391,8 @@ def print_report(reports: dict) -> None:
 
 
 def costs_key(variant: str) -> str:
-    """What a variant's costs depend on: its target and its draft step, not its tree size."""
-    return ", ".join(part for part in variant.split(", ") if not part.startswith(("tree of", "chain")))
+    """What a variant's costs depend on: its target and its draft step, not its tree size or guesses."""
+    return ", ".join(part for part in variant.split(", ") if not part.startswith(("tree of", "chain", "guess")))
 
 
 def main(argv=None) -> dict:

@@ -59,6 +59,7 @@ def test_generate_endpoint_returns_the_engines_own_output(app, engine_pair):
     (dict(prompt="hi", drafter="oracle"), "drafter"),
     (dict(prompt="hi", tree_nodes=65), "tree_nodes"),
     (dict(prompt="hi", tree_nodes=-1), "tree_nodes"),
+    (dict(prompt="hi", guess=4), "guess"),
 ])
 def test_bad_input_gets_a_clear_error_and_the_server_lives(app, kwargs, message):
     client = app.client()

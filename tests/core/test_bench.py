@@ -76,6 +76,14 @@ def test_bench_compares_chains_and_trees_in_one_run(tmp_path, capsys):
     assert "accepted/pass" in capsys.readouterr().out
 
 
+def test_bench_compares_guesses_in_one_run(tmp_path):
+    report = bench.main(["--pair", "tiny", "--max-new-tokens", "16", "--limit", "1", "--json", str(tmp_path / "g.json"),
+                         "--dtype", "float32", "--device", "cpu", "--guess", "0,3"])
+    assert {name: run["settings"]["guess"] for name, run in report["variants"].items()} == {
+        "off, guess 0": 0, "off, guess 3": 3}
+    assert all(e["identical_to_ar"] for run in report["variants"].values() for e in run["prompts"])
+
+
 def test_transformers_constant_k_really_drafts_k_tokens(tiny):
     pair, cfg = with_eos(tiny, []), SpecConfig(max_new_tokens=20)
     ids = encode_request(pair, "hello there", cfg)

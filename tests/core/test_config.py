@@ -9,7 +9,7 @@ from specdec_core.config import MAX_K, SpecConfig
                                     dict(temperature=float("nan")), dict(temperature=float("inf")),
                                     dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1), dict(seed=1.5),
                                     dict(seed="abc"), dict(k="4"), dict(tree_nodes=-1), dict(tree_nodes=65),
-                                    dict(tree_nodes=2.5)])
+                                    dict(tree_nodes=2.5), dict(guess=-1), dict(guess=4), dict(guess=1.5)])
 def test_config_rejects_bad_values_with_a_message(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         SpecConfig(**kwargs)

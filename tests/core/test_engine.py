@@ -228,9 +228,9 @@ def small_vocabulary_pair(vocab: int = 6) -> Pair:
                 pass_costs=FLAT_COSTS)
 
 
-def drafts_of(pair, prompt, cfg, guess: int) -> tuple[list, int, ModelDrafter]:
+def drafts_of(pair, prompt, cfg) -> tuple[list, int, ModelDrafter]:
     """Each round's draft and committed tokens, the draft forwards they took, and the drafter."""
-    drafter, calls = ModelDrafter(pair.cached("draft"), guess=guess), []
+    drafter, calls = ModelDrafter(pair.cached("draft")), []
     forward = drafter.lm.forward
     drafter.lm.forward = lambda ids, *a, **kw: calls.append(ids.numel()) or forward(ids, *a, **kw)
     events = list(speculative_generate(pair, prompt, cfg, drafter))
@@ -245,8 +245,8 @@ def test_guesses_save_draft_forwards_and_change_no_draft(temperature):
     torch.manual_seed(0)
     pair, prompt = small_vocabulary_pair(), [0, 1, 2, 3, 4, 5, 1, 2]
     cfg = SpecConfig(k=8, max_new_tokens=120, temperature=temperature, min_confidence=0.0)
-    plain, plain_forwards, _ = drafts_of(pair, prompt, cfg, 0)
-    guessed, forwards, drafter = drafts_of(pair, prompt, cfg, 3)
+    plain, plain_forwards, _ = drafts_of(pair, prompt, dataclasses.replace(cfg, guess=0))
+    guessed, forwards, drafter = drafts_of(pair, prompt, cfg)
     assert guessed == plain
     assert drafter.guessed > 20 and forwards == plain_forwards - drafter.guessed
     if not temperature:

@@ -184,8 +184,8 @@ def test_the_draft_keeps_every_accepted_node_it_fed(tiny_set):
     all but the last, so after each round its cache holds all of the sequence but the last two tokens (counted
     without guesses, which would ride on the same forwards)."""
     pair = with_eos(tiny_set["same"], [])
-    cfg = SpecConfig(k=6, max_new_tokens=60, tree_nodes=12)
-    drafter, n_prompt = ModelDrafter(pair.cached("draft"), guess=0), len(encode_request(pair, PROMPT, cfg))
+    cfg = SpecConfig(k=6, max_new_tokens=60, tree_nodes=12, guess=0)
+    drafter, n_prompt = ModelDrafter(pair.cached("draft")), len(encode_request(pair, PROMPT, cfg))
     forward, fed = drafter.lm.forward, []
 
     def counting(ids, *args, **kwargs):

@@ -221,6 +221,7 @@ def test_the_n_gram_index_finds_what_a_scan_finds():
 
 def small_vocabulary_pair(vocab: int = 6) -> Pair:
     """A target and a draft over 6 tokens, random and sharp: their text soon repeats, so lookups find n-grams."""
+    torch.manual_seed(0)
     target, draft = (Qwen2ForCausalLM(Qwen2Config(
         vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
         num_key_value_heads=1, initializer_range=0.8, tie_word_embeddings=False)).eval() for _ in range(2))
@@ -242,7 +243,6 @@ def drafts_of(pair, prompt, cfg) -> tuple[list, int, ModelDrafter]:
 def test_guesses_save_draft_forwards_and_change_no_draft(temperature):
     """A chain's forwards carry what followed its n-gram earlier: every round drafts and commits what it does
     without guesses (same seed), in fewer draft forwards; greedy output is plain decoding's."""
-    torch.manual_seed(0)
     pair, prompt = small_vocabulary_pair(), [0, 1, 2, 3, 4, 5, 1, 2]
     cfg = SpecConfig(k=8, max_new_tokens=120, temperature=temperature, min_confidence=0.0)
     plain, plain_forwards, _ = drafts_of(pair, prompt, dataclasses.replace(cfg, guess=0))

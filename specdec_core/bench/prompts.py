@@ -102,7 +102,8 @@ def run_prompt(pair, item, cfg, drafter_name, compare_hf, hf_k, repeats=1, peer=
     entry = {"id": item["id"], "category": item.get("category", ""), "prompt_tokens": len(ids),
              "ar": pick(ar.stats, OWN_KEYS),
              "spec": {**pick(spec.stats, SPEC_KEYS), "drafted_per_round": spec.stats.drafted / spec.stats.rounds,
-                      "depth_per_round": statistics.mean(e.depth for e in spec.events)},
+                      "depth_per_round": statistics.mean(e.depth for e in spec.events),
+                      "draft_steps_per_round": statistics.mean(e.draft_steps for e in spec.events)},
              "speedup": spec.stats.tokens_per_s / ar.stats.tokens_per_s,
              "decode_speedup": spec.stats.decode_tokens_per_s / ar.stats.decode_tokens_per_s,
              "predicted_speedup": run_prediction(ar, spec, cfg),
@@ -137,6 +138,7 @@ def summarize_prompts(entries: list[dict]) -> dict:
            "accepted_per_pass_mean": statistics.mean(e["spec"]["mean_accepted_length"] for e in entries),
            "drafted_per_round_mean": statistics.mean(e["spec"]["drafted_per_round"] for e in entries),
            "depth_per_round_mean": statistics.mean(e["spec"]["depth_per_round"] for e in entries),
+           "draft_steps_per_round_mean": statistics.mean(e["spec"]["draft_steps_per_round"] for e in entries),
            "identical": sum(e["identical_to_ar"] for e in entries), "prompts": len(entries)}
     if all("speedup_vs_hf" in e for e in entries):
         out["speedup_vs_hf_median"] = med("speedup_vs_hf")
@@ -383,11 +385,11 @@ def print_report(reports: dict) -> None:
             print(f"draft step {d['step_ms']:.2f} ms (target step {d['target_step_ms']:.2f} ms): "
                   + ", ".join(f"{name} {v['ms']:.2f} ms / {v['mb']:.0f} MB" for name, v in d["parts"].items()))
     if len(reports) > 1:
-        print(f"{'variant':<24}{'median speedup':>15}{'drafted/round':>14}{'accepted/pass':>14}")
+        print(f"{'variant':<24}{'median speedup':>15}{'drafted/round':>14}{'draft steps/round':>18}{'accepted/pass':>14}")
         for variant, one in reports.items():
             s = one["summary"]
             print(f"{variant:<24}{s['speedup_median']:>14.2f}x{s['drafted_per_round_mean']:>14.2f}"
-                  f"{s['accepted_per_pass_mean']:>14.2f}")
+                  f"{s['draft_steps_per_round_mean']:>18.2f}{s['accepted_per_pass_mean']:>14.2f}")
 
 
 def costs_key(variant: str) -> str:

@@ -82,6 +82,10 @@ def test_bench_compares_guesses_in_one_run(tmp_path):
     assert {name: run["settings"]["guess"] for name, run in report["variants"].items()} == {
         "off, guess 0": 0, "off, guess 3": 3}
     assert all(e["identical_to_ar"] for run in report["variants"].values() for e in run["prompts"])
+    for name, run in report["variants"].items():  # a chain without guesses takes a forward for each token it drafts
+        for e in run["prompts"]:
+            steps, drafted = e["spec"]["draft_steps_per_round"], e["spec"]["drafted_per_round"]
+            assert steps == pytest.approx(drafted) if name.endswith("guess 0") else 0 < steps <= drafted
 
 
 def test_transformers_constant_k_really_drafts_k_tokens(tiny):

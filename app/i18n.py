@@ -204,10 +204,9 @@ mostra o primeiro token em que as saídas se separam e o logit do alvo para cada
                   "as saídas se separam no token {n}: a decodificação comum escolheu {a} (logit {la:.3f}), a especulativa "
                   "{b} (logit {lb:.3f}), um quase-empate que este alvo calcula de outro modo num passo de um token e numa "
                   "passada de verificação"),
-    "caption": ("Round {r}: drafted {d}, the target agreed with {a}",
-                "Rodada {r}: rascunhou {d}, o alvo concordou com {a}"),
-    "caption_steps": ("Round {r}: drafted {d} in {s} draft steps, the target agreed with {a}",
-                      "Rodada {r}: rascunhou {d} em {s} passos do rascunho, o alvo concordou com {a}"),
+    "caption": ("Round {r}: drafted {d}{steps}, the target agreed with {a}",
+                "Rodada {r}: rascunhou {d}{steps}, o alvo concordou com {a}"),
+    "caption_steps": (" in {s} draft steps", " em {s} passos do rascunho"),
     "caption_replaced": (", replaced the {nth}", ", substituiu o {nth}"),
     "caption_bonus": (", and added a bonus token", " e acrescentou um token bônus"),
     "caption_kept": (", kept {n} token{s}.", ", manteve {n} token{s}."),

@@ -49,9 +49,9 @@ def theory(race, lang="en"):
 
 
 def caption(e, lang="en") -> str:
-    words = t("caption", lang, r=e.round, d=len(e.drafted), a=e.accepted)
-    if 0 < e.draft_steps < len(e.drafted):  # guesses (or a tree's levels) spared the draft some steps
-        words = t("caption_steps", lang, r=e.round, d=len(e.drafted), s=e.draft_steps, a=e.accepted)
+    # where guesses (or a tree's levels) spared the draft some steps, say how many it took
+    steps = t("caption_steps", lang, s=e.draft_steps) if 0 < e.draft_steps < len(e.drafted) else ""
+    words = t("caption", lang, r=e.round, d=len(e.drafted), steps=steps, a=e.accepted)
     if e.token_kind == "replacement":
         n = e.accepted + 1
         nth = f"{n}º" if code(lang) == "pt" else {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")

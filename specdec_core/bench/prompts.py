@@ -368,7 +368,7 @@ def describe(pair, cfg: SpecConfig, args, variant: str) -> dict:
     return {"pair": pair.name, "models": {"target": pair.info.get("target"), "draft": pair.info.get("draft")},
             "device": str(pair.device), "dtype": str(pair.dtype).replace("torch.", ""),
             "target_weights": pair.info.get("target_weights"),
-            "cpu_kernels": {k: pair.info[k] for k in ("draft_quant", "packed") if k in pair.info},
+            "cpu_kernels": {k: pair.info[k] for k in ("draft_quant", "packed", "target_int8") if k in pair.info},
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", {torch.get_num_threads()} threads",
             "settings": {**dataclasses.asdict(cfg), "drafter": args.drafter, "hf_k": args.hf_k, "repeats": args.repeats,
                          "target_quant": variant.split(",")[0], "prompts": args.prompts},

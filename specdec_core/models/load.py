@@ -56,7 +56,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
         raise Refusal("custom_pair_ids")
     else:
         pair = load_hub_pair(target, draft, dev, dt, progress)
-    from .quant import can_pack, cheapen_draft, pack_linears, quant_label, quantise_target
+    from .quant import TokenInt8Linear, can_pack, cheapen_draft, pack_linears, quant_label, quantise_target
 
     cpu_bf16 = dev.type == "cpu" and dt == torch.bfloat16
     saved = lambda role, name: (folders[role] / name, (folders[role] / MANIFEST).read_text()) if folders else (None, "")
@@ -76,6 +76,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
             raise ValueError("target_quant='int8' runs on CPUs only.")
         quantise_target(pair.target, *saved("target", "target-int8.safetensors"))
         pair.info["target_weights"] = "int8"  # exact: the same logits in a step and in a pass
+        pair.info["target_int8"] = "/".join(sorted({m.kernel for m in pair.target.modules() if isinstance(m, TokenInt8Linear)}))
     if cpu_bf16 and not as_built:  # every remaining Linear weight prepacked for oneDNN (same numbers, faster)
         for role in ("target", "draft"):
             model = getattr(pair, role)

@@ -17,12 +17,14 @@ The draft's precision and vocabulary change only how many drafts are accepted, n
 """
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
@@ -46,56 +48,120 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
+def int8_weights(linear: nn.Linear, saved: dict | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 weights [out, in] and their float64 scale per output channel: `saved` ones, else the linear's, quantised."""
+    if saved:
+        return saved["qweight"], saved["scale"]
+    w = linear.weight.detach().float()
+    scale = channel_scales(w).double()
+    with warnings.catch_warnings():  # per-channel quantised tensors are stable; the warning is about the ao API
+        warnings.simplefilter("ignore")
+        return torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8).int_repr(), scale
+
+
+def fbgemm_pack(qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        wq = torch._make_per_channel_quantized_tensor(qweight, scale, torch.zeros_like(scale, dtype=torch.long), 0)
+    return torch.ops.quantized.linear_prepack(wq, bias)
+
+
+def fbgemm_state(packed: torch.Tensor) -> dict:
+    wq, _ = torch.ops.quantized.linear_unpack(packed)
+    return {"qweight": wq.int_repr(), "scale": wq.q_per_channel_scales()}
+
+
 class DynamicInt8Linear(nn.Module):
-    def __init__(self, linear: nn.Linear, saved: dict | None = None, with_bias: bool = True):
-        """saved: {"qweight": int8 [out, in], "scale": float64 [out]} from `saved_state`, else quantise now.
-        with_bias: the kernel adds the bias (else a subclass does)."""
+    def __init__(self, linear: nn.Linear, saved: dict | None = None):
+        """saved: {"qweight": int8 [out, in], "scale": float64 [out]} from `saved_state`, else quantise now."""
         super().__init__()
-        zeros = lambda scale: torch.zeros_like(scale, dtype=torch.long)
-        with warnings.catch_warnings():  # per-channel quantised tensors are stable; the warning is about the ao API
-            warnings.simplefilter("ignore")
-            if saved:
-                wq = torch._make_per_channel_quantized_tensor(saved["qweight"], saved["scale"], zeros(saved["scale"]), 0)
-            else:
-                w = linear.weight.detach().float()
-                scale = channel_scales(w).double()
-                wq = torch.quantize_per_channel(w, scale, zeros(scale), 0, torch.qint8)
         bias = None if linear.bias is None else linear.bias.detach().float()
-        self.packed = torch.ops.quantized.linear_prepack(wq, bias if with_bias else None)
+        self.packed = fbgemm_pack(*int8_weights(linear, saved), bias)
         self.out_features = linear.out_features
 
     def saved_state(self) -> dict:
-        wq, _ = torch.ops.quantized.linear_unpack(self.packed)
-        return {"qweight": wq.int_repr(), "scale": wq.q_per_channel_scales()}
+        return fbgemm_state(self.packed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.ops.quantized.linear_dynamic(x.reshape(-1, x.shape[-1]).float(), self.packed, True)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
-class TokenInt8Linear(DynamicInt8Linear):
+class TokenInt8Linear(nn.Module):
     """int8 weights (a scale per output channel) times int8 activations with a scale per token (row).
 
     For a target: a position's output must not depend on the other tokens verified with it, or greedy
-    output would match plain decoding only by luck. fbgemm's dynamic linear picks one range for its
-    whole input, so each row is first divided by its own largest magnitude (every row then spans at
-    most [-1, 1]) and a row holding -1 and +1 is appended: the range is [-1, 1] whatever the other rows
-    are, integer products are exact, and each row is scaled back afterwards.
+    output would match plain decoding only by luck. Each row is rounded to int8 against its own largest
+    magnitude, integer products are exact in any order, and each row is scaled back afterwards. Two kernels:
+    - "fbgemm" (any x86 CPU): its dynamic linear picks one range for its whole input, so each row is first
+      divided by its own largest magnitude and a row holding -1 and +1 is appended: the range is [-1, 1]
+      whatever the other rows are.
+    - "onednn" (the default where the CPU has AMX tiles): oneDNN's int8 product of rows rounded here. A
+      pass's rows share the tiles, so a 16-row pass costs little more than a step, where fbgemm's cost grows
+      with every row. A step's one row is padded to two (oneDNN has a slow reference kernel for one row of
+      a narrow product), and a probe per shape (`onednn_rows_agree`) checks that a row gets the same bits
+      alone and among others; where it does not, the layer takes fbgemm.
     """
 
-    def __init__(self, linear: nn.Linear, saved: dict | None = None):
-        super().__init__(linear, saved, with_bias=False)  # the bias is added once a row is scaled back
-        self.bias = None if linear.bias is None else linear.bias.detach().float()
+    def __init__(self, linear: nn.Linear, saved: dict | None = None, kernel: str | None = None):
+        """saved: {"qweight": int8 [out, in], "scale": float64 [out]} from `saved_state`, else quantise now."""
+        super().__init__()
+        self.bias = None if linear.bias is None else linear.bias.detach().float()  # added once a row is scaled back
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.plain = None
+        qweight, scale = int8_weights(linear, saved)
+        self.kernel = kernel or ("onednn" if amx_int8() else "fbgemm")
+        if self.kernel == "onednn":
+            self.packed = torch.ops.onednn.qlinear_prepack(qweight, None)
+            self.scales = (scale / 127).float()  # a row rounded against its largest magnitude spans [-127, 127]
+            self.zeros = torch.zeros(len(scale), dtype=torch.long)
+            self.plain = None if saved else {"qweight": qweight, "scale": scale}  # for the file, then dropped
+            if onednn_rows_agree(self):
+                return
+            self.kernel, self.scales, self.zeros, self.plain = "fbgemm", None, None, None
+        self.packed = fbgemm_pack(qweight, scale)
         self.pin = torch.zeros(1, linear.in_features)
         self.pin[0, :2] = torch.tensor([-1.0, 1.0])
+
+    def saved_state(self) -> dict:
+        return self.plain if self.kernel == "onednn" else fbgemm_state(self.packed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).float()
         size = rows.abs().amax(-1, keepdim=True).clamp(min=1e-30)
-        y = torch.ops.quantized.linear_dynamic(torch.cat([rows / size, self.pin]), self.packed, True)[:-1] * size
+        if self.kernel == "onednn":
+            q = torch.round(rows * (127 / size)).to(torch.int8)
+            q = F.pad(q, (0, 0, 0, 1)) if len(q) == 1 else q
+            y = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, self.packed, self.scales, self.zeros, None, 1.0, 0,
+                                                   torch.float32, "none", [], "")[: len(rows)] * size
+        else:
+            y = torch.ops.quantized.linear_dynamic(torch.cat([rows / size, self.pin]), self.packed, True)[:-1] * size
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+@functools.cache
+def amx_int8() -> bool:
+    """Whether this CPU has AMX int8 tiles and the system lets this process use them (oneDNN's int8 products
+    need them: without, its kernels for these shapes are many times slower than fbgemm's)."""
+    return bool(torch._C._cpu._get_cpu_capability().get("amx_int8")) and torch._C._cpu._init_amx()
+
+
+_int8_agrees: dict = {}  # onednn_rows_agree's answers, by the product's shape
+
+
+def onednn_rows_agree(layer: TokenInt8Linear) -> bool:
+    """Whether the layer's oneDNN product gives a row the same bits alone (a step) and among 2 to 65 rows (the
+    passes of chains and trees), on random rows, once per shape."""
+    key = (layer.in_features, layer.out_features)
+    if key not in _int8_agrees:
+        x = torch.randn(65, layer.in_features, generator=torch.Generator().manual_seed(0))
+        with torch.inference_mode():
+            steps = torch.cat([layer(x[i: i + 1]) for i in (*range(17), 64)])
+            _int8_agrees[key] = all(torch.equal(layer(x[:m])[: min(m, 17)], steps[: min(m, 17)]) for m in (2, 5, 16, 17, 65)) \
+                and torch.equal(layer(x)[64], steps[17])
+    return _int8_agrees[key]
 
 
 class WeightOnlyLinear(nn.Module):
@@ -300,6 +366,9 @@ def quantise(model: nn.Module, make, saved: Path | None, source: str) -> None:
         partial = saved.with_suffix(".partial")
         save_file(state, str(partial), metadata={"source": source})
         partial.replace(saved)  # a start cut short never leaves half a file behind
+    for mod in model.modules():  # oneDNN layers kept their plain weights for the file; their packs hold them
+        if isinstance(mod, TokenInt8Linear):
+            mod.plain = None
 
 
 def load_saved(path: Path, source: str) -> dict:

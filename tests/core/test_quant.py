@@ -9,6 +9,7 @@ from safetensors import safe_open
 
 from specdec_core import SpecConfig, generate
 from specdec_core.cache import CachedModel, TreeInput
+from specdec_core.models import quant
 from specdec_core.models.quant import (
     DynamicInt8Linear,
     Int4Linear,
@@ -156,7 +157,17 @@ def test_int4_products_of_many_rows_take_the_int8_twin():
         assert ((y - lin(x)).float().abs().max() / lin(x).float().abs().max()) < 0.1
 
 
-def test_token_int8_rows_do_not_depend_on_the_other_rows():
+KERNELS = ("fbgemm", "onednn")  # TokenInt8Linear's: oneDNN is the default where the CPU has AMX, else fbgemm
+
+
+@pytest.fixture(params=KERNELS)
+def int8_kernel(request, monkeypatch):
+    """Each int8 target test runs with each kernel as the default, whatever this CPU has."""
+    monkeypatch.setattr(quant, "amx_int8", lambda: request.param == "onednn")
+    return request.param
+
+
+def test_token_int8_rows_do_not_depend_on_the_other_rows(int8_kernel):
     torch.manual_seed(0)
     lin = torch.nn.Linear(96, 40)
     x = torch.randn(17, 96) * torch.rand(17, 1) * 10  # rows of very different sizes
@@ -166,6 +177,28 @@ def test_token_int8_rows_do_not_depend_on_the_other_rows():
             alone = torch.cat([layer(x[i: i + 1]) for i in range(17)])
             assert torch.equal(full, alone) == independent, type(layer).__name__
             assert (full - lin(x)).abs().max() / lin(x).abs().max() < 0.03
+        layer = TokenInt8Linear(lin)
+        assert layer.kernel == int8_kernel
+        # both kernels quantise the weights alike: a file saved with one serves the other
+        other = TokenInt8Linear(lin, kernel="fbgemm" if int8_kernel == "onednn" else "onednn")
+        assert all(torch.equal(layer.saved_state()[key], other.saved_state()[key]) for key in ("qweight", "scale"))
+
+
+def test_an_onednn_product_whose_rows_depend_on_their_number_leaves_the_layer_to_fbgemm(monkeypatch):
+    """The probe (quant.onednn_rows_agree): where oneDNN's rows differ with the rows beside them (here a stand-in
+    that adds a trace of the row count), the layer takes fbgemm, and stays exact."""
+    real = torch.ops.onednn.qlinear_pointwise
+    monkeypatch.setattr(quant, "_int8_agrees", {})
+    monkeypatch.setattr(torch.ops.onednn, "qlinear_pointwise", lambda q, *args: real(q, *args) * (1 + 1e-6 * len(q)))
+    torch.manual_seed(0)
+    lin, x = torch.nn.Linear(64, 48), torch.randn(9, 64)
+    with torch.no_grad():
+        layer = TokenInt8Linear(lin, kernel="onednn")
+        assert layer.kernel == "fbgemm" and quant._int8_agrees == {(64, 48): False}
+        assert torch.equal(layer(x), torch.cat([layer(x[i: i + 1]) for i in range(9)]))
+        monkeypatch.setattr(torch.ops.onednn, "qlinear_pointwise", real)
+        monkeypatch.setattr(quant, "_int8_agrees", {})
+        assert TokenInt8Linear(lin, kernel="onednn").kernel == "onednn"
 
 
 def logits_alone_and_in_a_pass(model, vocab, context: int = 57):
@@ -191,9 +224,10 @@ def logits_alone_and_in_a_pass(model, vocab, context: int = 57):
 
 
 @pytest.mark.parametrize("context", [57, 300])
-def test_the_int8_target_gives_a_position_the_same_logits_alone_or_in_a_pass(tiny, context):
+def test_the_int8_target_gives_a_position_the_same_logits_alone_or_in_a_pass(tiny, context, int8_kernel):
     target = quantise_target(copy.deepcopy(tiny.target).to(torch.bfloat16))
     assert next(target.parameters()).dtype == torch.float32
+    assert {m.kernel for m in target.modules() if isinstance(m, TokenInt8Linear)} == {int8_kernel}
     alone, full, tree, branch_alone = logits_alone_and_in_a_pass(target, tiny.vocab, context)
     assert torch.equal(alone, full)
     assert torch.equal(tree, branch_alone)
@@ -243,10 +277,12 @@ def test_the_int8_target_reads_a_prompt_in_one_call_a_layer_and_a_pass_in_one_pr
 
 
 @pytest.mark.parametrize("k", [1, 4, 16])
-def test_the_int8_target_decodes_losslessly_and_is_saved(tiny, tmp_path, k):
+def test_the_int8_target_decodes_losslessly_and_is_saved(tiny, tmp_path, k, int8_kernel):
     path = tmp_path / "target-int8.safetensors"
     target = quantise_target(copy.deepcopy(tiny.target), saved=path, source="weights v1")
     again = quantise_target(copy.deepcopy(tiny.target), saved=path, source="weights v1")
+    layers = [m for model in (target, again) for m in model.modules() if isinstance(m, TokenInt8Linear)]
+    assert {m.kernel for m in layers} == {int8_kernel} and all(m.plain is None for m in layers if m.kernel == "onednn")
     with torch.inference_mode():
         x = torch.tensor([[5, 17, 42, 99, 7]])
         assert torch.equal(target(x).logits, again(x).logits)

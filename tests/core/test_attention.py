@@ -50,8 +50,11 @@ def test_a_chain_pass_rows_equal_steps(context, room, g, calls):
     out = row_attention(None, query, key, value, None)[0]
     row_widths = [-(-(context + i + 1) // BLOCK) * BLOCK for i in range(N)]
     widths = sorted(set(row_widths))
-    assert calls == [(row_widths.count(w), w, False) for w in widths]
-    assert len(widths) == 1 + (context % BLOCK > BLOCK - N)  # rows are batched, a call per key-range width
+    assert len(widths) == 1 + (context % BLOCK > BLOCK - N)
+    if attention.rows_agree(HKV, g, D, torch.device("cpu"), torch.float32):  # rows batched, a call per key width
+        assert calls == [(row_widths.count(w), w, False) for w in widths]
+    else:  # this CPU's MKL sums a batched row otherwise (seen for g = 2 on a Xeon): a product per row, as a step's
+        assert calls == [(1, w, False) for w in row_widths]
     for i in range(N):
         assert torch.equal(out[0, i], step(query, key, value, i, context + i + 1)), i
     # past the cache the rows read the buffer's room where there is some, else zeros

@@ -143,9 +143,11 @@ class TokenInt8Linear(nn.Module):
 
 @functools.cache
 def amx_int8() -> bool:
-    """Whether this CPU has AMX int8 tiles and the system lets this process use them (oneDNN's int8 products
-    need them: without, its kernels for these shapes are many times slower than fbgemm's)."""
-    return bool(torch._C._cpu._get_cpu_capability().get("amx_int8")) and torch._C._cpu._init_amx()
+    """Whether this CPU has AMX int8 tiles, the system lets this process use them and oneDNN is not capped below
+    them (ONEDNN_MAX_CPU_ISA): its int8 products need them, and without they are many times slower than fbgemm's."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", "ALL")).upper()
+    return (cap == "ALL" or "AMX" in cap) and bool(torch._C._cpu._get_cpu_capability().get("amx_int8")) \
+        and torch._C._cpu._init_amx()
 
 
 _int8_agrees: dict = {}  # onednn_rows_agree's answers, by the product's shape

@@ -184,6 +184,19 @@ def test_token_int8_rows_do_not_depend_on_the_other_rows(int8_kernel):
         assert all(torch.equal(layer.saved_state()[key], other.saved_state()[key]) for key in ("qweight", "scale"))
 
 
+def test_onednn_is_the_default_only_where_amx_tiles_are_there_and_not_capped(monkeypatch):
+    """oneDNN's int8 products without AMX run a reference kernel hundreds of times slower than fbgemm's."""
+    has_amx = bool(torch._C._cpu._get_cpu_capability().get("amx_int8")) and torch._C._cpu._init_amx()
+    for cap, expected in ((None, has_amx), ("AVX512_CORE_AMX", has_amx), ("AVX512_CORE_VNNI", False)):
+        if cap is None:
+            monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+        else:
+            monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+        quant.amx_int8.cache_clear()
+        assert quant.amx_int8() == expected, cap
+    quant.amx_int8.cache_clear()
+
+
 def test_an_onednn_product_whose_rows_depend_on_their_number_leaves_the_layer_to_fbgemm(monkeypatch):
     """The probe (quant.onednn_rows_agree): where oneDNN's rows differ with the rows beside them (here a stand-in
     that adds a trace of the row count), the layer takes fbgemm, and stays exact."""

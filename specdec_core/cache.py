@@ -14,6 +14,7 @@ from .transfer import upload
 
 PADDED_SIZES = (1, 2, 4, 8, 16, 32)  # compiled input sizes: a short input is padded up to the next one
 ROOM = 256  # positions a growing cache allocates at least
+PROMPT_CHUNK = 256  # a prompt runs in passes of at most this many tokens (CachedModel.prefill)
 
 
 class RoomLayer(DynamicLayer):
@@ -190,6 +191,10 @@ class CachedModel:
         return out.logits[0, n - keep: n].clone()  # a graph's output is overwritten by its next replay
 
     def prefill(self, ids: list[int]) -> None:
+        """Append a prompt's tokens. A long one runs in passes of PROMPT_CHUNK tokens: in one pass over 3,000 tokens
+        every product and activation of the 1.5B target is a fresh tensor of 100 MB, whose new pages cost a CPU more
+        than the arithmetic (29 s in one pass, 15 s in passes of 256). Plain and speculative decoding both prefill
+        here, so their caches stay the same."""
         head = self.head
         if head and self.length == 0 and ids[: len(head.ids)] == head.ids:
             # the head's keys and values do not depend on what follows it: computed once, then copied
@@ -199,8 +204,8 @@ class CachedModel:
             else:
                 self.cache, self.length = copy.deepcopy(head.cache), len(head.ids)
             ids = ids[len(head.ids):]
-        if ids:
-            self.forward(upload(ids, self.device), keep=1, prompt=True)
+        for start in range(0, len(ids), PROMPT_CHUNK):
+            self.forward(upload(ids[start:start + PROMPT_CHUNK], self.device), keep=1, prompt=True)
 
     @torch.inference_mode()
     def compact(self, start: int, kept: list[int]) -> None:

@@ -108,6 +108,38 @@ def test_the_chat_template_head_is_computed_once_and_copied(fresh_pair):
     assert plain.length == 3
 
 
+def test_a_long_prompt_runs_in_chunks(fresh_pair, monkeypatch):
+    """A prompt longer than PROMPT_CHUNK tokens runs in passes of at most that many, after the shared head, and leaves
+    the cache and the next logits as one pass over it would; speculative and plain decoding prefill alike."""
+    from specdec_core import cache
+    from specdec_core.text import encode_prompt
+
+    monkeypatch.setattr(cache, "PROMPT_CHUNK", 8)
+    fed = []
+    hook = fresh_pair.target.register_forward_pre_hook(lambda m, a, kw: fed.append(kw["input_ids"].shape[1]),
+                                                       with_kwargs=True)
+    try:
+        ids = list(range(3, 23))  # 20 tokens, no head
+        chunked = CachedModel(fresh_pair.target, fresh_pair.vocab)
+        chunked.prefill(ids)
+        assert fed == [8, 8, 4] and chunked.length == 20
+        chunked.check()
+        whole = CachedModel(fresh_pair.target, fresh_pair.vocab)
+        whole.forward(torch.tensor(ids), keep=1, prompt=True)
+        torch.testing.assert_close(chunked.forward(torch.tensor([30, 31]), keep=2), whole.forward(torch.tensor([30, 31]), keep=2))
+        head = fresh_pair.heads["target"].ids
+        prompt = encode_prompt(fresh_pair.tokenizer, "a prompt of some length, longer than a chunk")
+        fed.clear()
+        fresh_pair.cached("target").prefill(prompt)
+        rest = len(prompt) - len(head)
+        assert rest > 8 and fed == [len(head)] + [8] * (rest // 8) + ([rest % 8] if rest % 8 else [])
+    finally:
+        hook.remove()
+    for (spec, plain), cfg in zip(runs(fresh_pair), CONFIGS):
+        if cfg.temperature == 0:
+            assert spec == plain
+
+
 def test_grouped_attention_decodes_what_sdpa_decodes(fresh_pair):
     """Key/value heads read as they are (never repeated per query head) give the same logits and tokens,
     in prompts (no mask: causal), single steps and verification passes, with dynamic and static caches."""

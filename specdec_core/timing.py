@@ -60,6 +60,16 @@ def pass_ms(pair, role: str, context: int, n: int, reps: int = 10) -> float:
     return passes_ms(pair, role, context, (n,), reps)[n]
 
 
+def prompt_ms(pair, role: str, length: int) -> float:
+    """Milliseconds to take a prompt of `length` tokens into a fresh cache of the target or the draft, timed once
+    (a long prompt takes seconds)."""
+    lm = pair.cached(role)
+    clock = Clock(lm.device)
+    clock.lap(sync=True)
+    lm.prefill(list(range(1, length + 1)))
+    return clock.lap(sync=True) * 1000
+
+
 def median_ms(run, device, reps: int = 10, warm: int = 3) -> float:
     """Median milliseconds of `run()` on `device` over `reps` calls, after `warm` that warm up (and compile, when
     compiled)."""

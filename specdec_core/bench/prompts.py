@@ -27,7 +27,7 @@ from ..models.quant import QUANT_MODES
 from ..models.step import DecodeStep, Int4Product
 from ..sampling import warp
 from ..theory import measured_costs, predicted_speedup
-from ..timing import contexts_ms, median_ms, pass_ms
+from ..timing import contexts_ms, median_ms, pass_ms, prompt_ms
 
 NOT_FLAGS = ("chat", "record_top", "tree_nodes", "guess")  # SpecConfig's fields that are not flags (--tree, --guess: lists)
 STAT_KEYS = ("tokens", "seconds", "tokens_per_s")
@@ -181,11 +181,13 @@ def table(report: dict) -> str:
 def costs_by_context(pair, contexts: list[int], k: int) -> dict:
     """The target's one-token step and its (k+1)-token verification pass, and a draft step, at each context
     length: what a long conversation costs each of them (milliseconds, median of 10 after warm-up, the contexts
-    timed in turn so that their ratio survives the machine's drift)."""
+    timed in turn so that their ratio survives the machine's drift); and what a prompt of that length costs the
+    target and the draft (timed once each)."""
     target = contexts_ms(pair, "target", contexts, (1, k + 1))
     draft = contexts_ms(pair, "draft", contexts, (1,)) if pair.draft is not None else {}
     return {c: {"step_ms": target[c][1], f"pass_{k + 1}_ms": target[c][k + 1],
-                "draft_step_ms": draft[c][1] if draft else None} for c in contexts}
+                "draft_step_ms": draft[c][1] if draft else None, "prompt_ms": prompt_ms(pair, "target", c),
+                "draft_prompt_ms": prompt_ms(pair, "draft", c) if draft else None} for c in contexts}
 
 
 def draft_step_table(pair, context: int = 128, reps: int = 30) -> dict:
@@ -320,7 +322,7 @@ def options(argv=None) -> argparse.Namespace:
     ap.add_argument("--peer", default="none", choices=["none", "llama.cpp"],
                     help="also time llama.cpp's plain decoding of the bundled target's GGUF (needs llama-cpp-python)")
     ap.add_argument("--contexts", default="",
-                    help="comma list of context lengths: time a step and a pass at each, the contexts in turn")
+                    help="comma list of context lengths: time a step and a pass at each, the contexts in turn, and a prompt of that length")
     ap.add_argument("--draft-table", action="store_true", help="time where a draft step goes, part by part")
     ap.add_argument("--draft-step", default="written",
                     help="the draft's decoding step on CPUs: written (models/step.py) or general (transformers' forward); "

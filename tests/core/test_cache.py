@@ -1,4 +1,5 @@
 """Static caches and compiled steps (the GPU path) decode exactly what dynamic caches decode."""
+import copy
 import dataclasses
 
 import pytest
@@ -8,6 +9,7 @@ from specdec_core import SpecConfig, autoregressive_generate, generate, speculat
 from specdec_core.cache import CachedModel
 from specdec_core.models import enable_graphs, make_pair
 from specdec_core.models.attention import GROUPED
+from specdec_core.models.quant import quantise_target
 from specdec_core.models.tiny import tiny_models
 
 from ..conftest import FLAT_COSTS
@@ -115,7 +117,7 @@ def test_a_long_prompt_runs_in_chunks(fresh_pair, monkeypatch):
     from specdec_core.text import encode_prompt
 
     monkeypatch.setattr(cache, "PROMPT_CHUNK", 8)
-    fed = []
+    text, fed = "a prompt of some length, longer than a chunk", []
     hook = fresh_pair.target.register_forward_pre_hook(lambda m, a, kw: fed.append(kw["input_ids"].shape[1]),
                                                        with_kwargs=True)
     try:
@@ -128,16 +130,22 @@ def test_a_long_prompt_runs_in_chunks(fresh_pair, monkeypatch):
         whole.forward(torch.tensor(ids), keep=1, prompt=True)
         torch.testing.assert_close(chunked.forward(torch.tensor([30, 31]), keep=2), whole.forward(torch.tensor([30, 31]), keep=2))
         head = fresh_pair.heads["target"].ids
-        prompt = encode_prompt(fresh_pair.tokenizer, "a prompt of some length, longer than a chunk")
+        prompt = encode_prompt(fresh_pair.tokenizer, text)
         fed.clear()
         fresh_pair.cached("target").prefill(prompt)
         rest = len(prompt) - len(head)
         assert rest > 8 and fed == [len(head)] + [8] * (rest // 8) + ([rest % 8] if rest % 8 else [])
     finally:
         hook.remove()
-    for (spec, plain), cfg in zip(runs(fresh_pair), CONFIGS):
-        if cfg.temperature == 0:
-            assert spec == plain
+    # the exact target: greedy speculative decoding is plain decoding's, the prompts read in chunks by both
+    exact = dataclasses.replace(fresh_pair, target=quantise_target(copy.deepcopy(fresh_pair.target)), heads={})
+    prompts, forward = [], CachedModel.forward
+    monkeypatch.setattr(CachedModel, "forward", lambda self, ids, keep, **kw: (
+        prompts.append(ids.numel()) if kw.get("prompt") and self.model is exact.target else None) or forward(self, ids, keep, **kw))
+    for cfg in (CONFIGS[1], CONFIGS[4]):  # a chain and a tree
+        assert generate(exact, text, cfg).token_ids == generate(exact, text, cfg, "autoregressive").token_ids
+    n = len(encode_prompt(exact.tokenizer, text)) - 1  # the engine's prefill: all but the last prompt token
+    assert n > 8 and prompts == ([8] * (n // 8) + ([n % 8] if n % 8 else [])) * 4  # the same chunks in each run
 
 
 def test_grouped_attention_decodes_what_sdpa_decodes(fresh_pair):

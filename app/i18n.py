@@ -161,6 +161,8 @@ mostra o primeiro token em que as saídas se separam e o logit do alvo para cada
     "acceptance": ("acceptance rate {a:.0%}", "taxa de aceitação {a:.0%}"),
     "per_round": ("{m:.2f} draft tokens accepted per round ({t:.2f} tokens per target pass)",
                   "{m:.2f} tokens rascunhados aceitos por rodada ({t:.2f} tokens por passada do alvo)"),
+    "after_prompt": ("decoding alone {d:.2f}×, after reading the prompt ({a:.1f} s with both models, {b:.1f} s plain)",
+                     "só a decodificação {d:.2f}×, depois de ler o prompt ({a:.1f} s com os dois modelos, {b:.1f} s na comum)"),
     "sampling": ("sampling: same distribution as plain decoding, different random draws",
                  "amostragem: mesma distribuição da decodificação comum, sorteios diferentes"),
     "identical": ("output <b>identical</b> to plain decoding ✓", "saída <b>idêntica</b> à decodificação comum ✓"),

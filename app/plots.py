@@ -10,6 +10,7 @@ from specdec_core.events import RoundEvent, Stats
 from .i18n import t
 
 AR_COLOR, SPEC_COLOR, DRAFT_COLOR, VERIFY_COLOR = "#7a7a7a", "#0072b2", "#e69f00", "#56b4e9"  # Okabe-Ito
+PROMPT_SHARE = 1 / 3  # the summary adds decoding's own speedup where a prompt took more of a run's time than this
 LAYOUT = dict(template="plotly_white", height=300, margin=dict(l=50, r=20, t=50, b=40),
               font=dict(size=14), legend=dict(orientation="h", y=-0.25))
 
@@ -81,6 +82,10 @@ def summary_html(ar: Stats | None, spec: Stats | None, identical: bool | None, r
              t("vs_tokens", lang, a=spec.tokens_per_s, b=ar.tokens_per_s),
              t("acceptance", lang, a=spec.acceptance_rate),
              t("per_round", lang, m=spec.mean_accepted_length, t=spec.tokens_per_round)]
+    # a long prompt read by both models can outweigh what drafting gains: then decoding's own speedup too
+    if max(s.prefill_s / s.seconds if s.seconds else 0.0 for s in (ar, spec)) > PROMPT_SHARE and ar.decode_tokens_per_s:
+        parts.append(t("after_prompt", lang, d=spec.decode_tokens_per_s / ar.decode_tokens_per_s, a=spec.prefill_s,
+                       b=ar.prefill_s))
     if not running:
         if identical is False and parted:
             n, a, la, b, lb = parted

@@ -98,6 +98,24 @@ def test_figures_build_from_stats(tiny):
     plots.race_figure([], []), plots.speed_figure(None, None), plots.rounds_figure([]), plots.position_figure(None)
 
 
+def test_a_race_that_waited_on_its_prompt_says_what_decoding_alone_gained():
+    """A long prompt with a short answer: the speculative side reads the prompt with both models, and its end-to-end
+    speedup falls below 1 however well it drafts. The summary then gives decoding's own speedup and the prompt's time."""
+    from specdec_core.events import Stats
+
+    def stats(method, seconds, prefill):
+        return Stats(method, "model", tokens=10, seconds=seconds, prefill_s=prefill, tokens_per_s=10 / seconds,
+                     decode_tokens_per_s=10 / (seconds - prefill))
+
+    plain, spec = stats("autoregressive", 34.0, 32.0), stats("speculative", 50.0, 49.0)
+    for lang, words in (("en", "decoding alone 2.00×, after reading the prompt (49.0 s with both models, 32.0 s plain)"),
+                        ("pt", "só a decodificação 2.00×, depois de ler o prompt (49.0 s com os dois modelos, 32.0 s na comum)")):
+        text = plots.summary_html(plain, spec, True, False, lang)
+        assert "0.68×" in text and words in text
+    short = stats("autoregressive", 34.0, 2.0), stats("speculative", 20.0, 3.0)  # the prompt was a small part
+    assert "alone" not in plots.summary_html(*short, True, False)
+
+
 def test_differing_greedy_outputs_say_where_they_part(tiny):
     """A target whose logits depend on the pass's shape can part the two outputs at a near-tie: the summary says
     where, with each decoder's token and the target's logit for it."""

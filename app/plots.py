@@ -83,7 +83,8 @@ def summary_html(ar: Stats | None, spec: Stats | None, identical: bool | None, r
              t("acceptance", lang, a=spec.acceptance_rate),
              t("per_round", lang, m=spec.mean_accepted_length, t=spec.tokens_per_round)]
     # a long prompt read by both models can outweigh what drafting gains: then decoding's own speedup too
-    if max(s.prefill_s / s.seconds if s.seconds else 0.0 for s in (ar, spec)) > PROMPT_SHARE and ar.decode_tokens_per_s:
+    if max(s.prefill_s / s.seconds if s.seconds else 0.0 for s in (ar, spec)) > PROMPT_SHARE \
+            and ar.decode_tokens_per_s and spec.decode_tokens_per_s:
         parts.append(t("after_prompt", lang, d=spec.decode_tokens_per_s / ar.decode_tokens_per_s, a=spec.prefill_s,
                        b=ar.prefill_s))
     if not running:

@@ -114,6 +114,9 @@ def test_a_race_that_waited_on_its_prompt_says_what_decoding_alone_gained():
         assert "0.68×" in text and words in text
     short = stats("autoregressive", 34.0, 2.0), stats("speculative", 20.0, 3.0)  # the prompt was a small part
     assert "alone" not in plots.summary_html(*short, True, False)
+    waiting = stats("speculative", 49.0, 48.0)  # as if nothing were decoded yet after the prompt: no speedup to give
+    waiting.decode_tokens_per_s = 0.0
+    assert "alone" not in plots.summary_html(plain, waiting, None, True)
 
 
 def test_differing_greedy_outputs_say_where_they_part(tiny):

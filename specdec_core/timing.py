@@ -63,11 +63,8 @@ def pass_ms(pair, role: str, context: int, n: int, reps: int = 10) -> float:
 def prompt_ms(pair, role: str, length: int) -> float:
     """Milliseconds to take a prompt of `length` tokens into a fresh cache of the target or the draft, timed once
     (a long prompt takes seconds)."""
-    lm = pair.cached(role)
-    clock = Clock(lm.device)
-    clock.lap(sync=True)
-    lm.prefill(list(range(1, length + 1)))
-    return clock.lap(sync=True) * 1000
+    lm, ids = pair.cached(role), list(range(1, length + 1))
+    return median_ms(lambda: lm.prefill(ids), lm.device, reps=1, warm=0)
 
 
 def median_ms(run, device, reps: int = 10, warm: int = 3) -> float:

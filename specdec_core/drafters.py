@@ -321,14 +321,16 @@ class Ngrams:
 
 
 class PromptLookupDrafter:
-    """No model: find the latest earlier occurrence of the last n tokens and propose what followed.
+    """No model: find the latest earlier occurrence of the last n tokens (n = 3, else 2) and propose what followed.
 
-    Nearly free, and strong whenever the output copies from the prompt (editing, extraction).
+    Nearly free, and strong whenever the output copies from the prompt (editing, extraction). A match of one token
+    is mostly a common token's latest continuation (after a comma, a space), and wrong: on a CPU, a wrong 16-token
+    proposal costs a 17-row pass, about 2.5 steps, for one token (docs/benchmarks.md#prompt-lookup).
     """
 
     name = "prompt-lookup"
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 2):
         self.ngrams = Ngrams(max_ngram, min_ngram)
 
     def start(self, ids):

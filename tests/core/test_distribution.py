@@ -13,7 +13,7 @@ from scipy.stats import chisquare
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specdec_core import SpecConfig, drafters, make_drafter, speculative_generate, verify
-from specdec_core.drafters import HybridDrafter, ModelDrafter
+from specdec_core.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
 from specdec_core.models import Pair
 from specdec_core.sampling import warp
 from specdec_core.theory import PassCosts
@@ -81,6 +81,10 @@ def hybrid(pair):  # copying from a single earlier token, so that copied and dra
     return HybridDrafter(ModelDrafter(pair.cached("draft")), min_ngram=1)
 
 
+def lookup(pair):  # from a single earlier token, so that its proposals are frequent in three tokens of four ids
+    return PromptLookupDrafter(min_ngram=1)
+
+
 TREE = dict(CFG, tree_nodes=5)
 
 
@@ -104,13 +108,20 @@ CUT = dict(CFG, k=3, min_confidence=0.5)
 
 
 @pytest.mark.parametrize("cfg, drafter", [(CFG, "model"), (dict(CFG, temperature=0.7, top_p=0.9), "model"),
-                                           (CFG, "prompt-lookup"), (CFG, "early-exit"), (CFG, hybrid),
+                                           (CFG, lookup), (CFG, "early-exit"), (CFG, hybrid),
                                            (TREE, "model"), (TREE, narrow_tree), (dict(TREE, temperature=0.7, top_k=3),
                                                                                   "model"), (TREE, "early-exit"),
                                            (dict(TREE, k=3), cost_sized_tree), (CUT, device_cut),
                                            (dict(CUT, temperature=0.7), device_cut)])
 def test_speculative_samples_follow_the_target(toy_pair, cfg, drafter):
     assert p_value(toy_pair, cfg, drafter) > 1e-3
+
+
+def test_prompt_lookup_s_samples_follow_the_target(toy_pair):
+    """As it is made by name: proposing after a match of 2 tokens or more. The prompt ends with a 2-gram it holds
+    earlier, so the first round proposes what followed it."""
+    assert len(PromptLookupDrafter().propose([0, 2, 1, 0, 2], 2, SpecConfig(**CFG), None)) == 2
+    assert p_value(toy_pair, CFG, "prompt-lookup", prompt=[0, 2, 1, 0, 2]) > 1e-3
 
 
 # ends with the 2-gram "3 2", which was followed by 2: the draft's first forward guesses 2 behind its node

@@ -1,4 +1,4 @@
-"""Faster Linear layers for CPUs, all from PyTorch's own kernels (no extra dependency).
+"""Faster Linear layers for CPUs: PyTorch's own kernels, and for the exact int8 target one of ours (int8_vnni).
 
 - PackedLinear (both models, bfloat16 on CPUs): the weight is reordered once into oneDNN's blocked
   layout. Same numbers as F.linear, and faster, most of all for the few-token passes of decoding.
@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .attention import ROWS
+from .int8_vnni import Int8Product, fits as vnni_fits
 
 
 def channel_scales(w: torch.Tensor) -> torch.Tensor:
@@ -96,6 +97,8 @@ class TokenInt8Linear(nn.Module):
     - "fbgemm" (any x86 CPU): its dynamic linear picks one range for its whole input, so each row is first
       divided by its own largest magnitude and a row holding -1 and +1 is appended: the range is [-1, 1]
       whatever the other rows are.
+    - "vnni" (the default on other x86 CPUs with AVX-512 VNNI, where a C compiler builds it): int8_vnni's product,
+      which rounds each row alone and reads a weight once for six rows, so a pass costs little more than a step.
     - "onednn" (the default where the CPU has AMX tiles): oneDNN's int8 product of rows rounded here. A
       pass's rows share the tiles, so a 16-row pass costs little more than a step, where fbgemm's cost grows
       with every row. A step's one row is padded to two (oneDNN has a slow reference kernel for one row of
@@ -110,7 +113,11 @@ class TokenInt8Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.plain = None
         qweight, scale = int8_weights(linear, saved)
-        self.kernel = kernel or ("onednn" if amx_int8() else "fbgemm")
+        self.kernel = kernel or default_int8_kernel(linear.in_features)
+        if self.kernel == "vnni":
+            self.packed = Int8Product(qweight, scale, self.bias)
+            self.plain = None if saved else {"qweight": qweight, "scale": scale}  # for the file, then dropped
+            return
         if self.kernel == "onednn":
             self.packed = torch.ops.onednn.qlinear_prepack(qweight, None)
             self.scales = (scale / 127).float()  # a row rounded against its largest magnitude spans [-127, 127]
@@ -124,10 +131,12 @@ class TokenInt8Linear(nn.Module):
         self.pin[0, :2] = torch.tensor([-1.0, 1.0])
 
     def saved_state(self) -> dict:
-        return self.plain if self.kernel == "onednn" else fbgemm_state(self.packed)
+        return fbgemm_state(self.packed) if self.kernel == "fbgemm" else self.plain
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).float()
+        if self.kernel == "vnni":  # rounds, scales back and adds the bias itself
+            return self.packed(rows).reshape(*x.shape[:-1], self.out_features).to(x.dtype)
         size = rows.abs().amax(-1, keepdim=True).clamp(min=1e-30)
         if self.kernel == "onednn":
             q = torch.round(rows * (127 / size)).to(torch.int8)
@@ -139,6 +148,11 @@ class TokenInt8Linear(nn.Module):
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+def default_int8_kernel(in_features: int) -> str:
+    """oneDNN where the CPU has AMX int8 tiles, else our own where it builds and fits, else fbgemm."""
+    return "onednn" if amx_int8() else "vnni" if vnni_fits(in_features) else "fbgemm"
 
 
 @functools.cache

@@ -9,7 +9,7 @@ from safetensors import safe_open
 
 from specdec_core import SpecConfig, generate
 from specdec_core.cache import CachedModel, TreeInput
-from specdec_core.models import quant
+from specdec_core.models import int8_vnni, quant
 from specdec_core.models.quant import (
     DynamicInt8Linear,
     Int4Linear,
@@ -157,14 +157,45 @@ def test_int4_products_of_many_rows_take_the_int8_twin():
         assert ((y - lin(x)).float().abs().max() / lin(x).float().abs().max()) < 0.1
 
 
-KERNELS = ("fbgemm", "onednn")  # TokenInt8Linear's: oneDNN is the default where the CPU has AMX, else fbgemm
+KERNELS = ("fbgemm", "onednn", "vnni")  # TokenInt8Linear's: oneDNN where the CPU has AMX, else ours, else fbgemm
 
 
 @pytest.fixture(params=KERNELS)
 def int8_kernel(request, monkeypatch):
-    """Each int8 target test runs with each kernel as the default, whatever this CPU has."""
+    """Each int8 target test runs with each kernel as the default, whatever this CPU has (ours needs AVX-512 VNNI)."""
+    if request.param == "vnni" and int8_vnni.library()[0] is None:
+        pytest.skip(f"the int8 kernel of our own cannot run here: {int8_vnni.library()[1]}")
     monkeypatch.setattr(quant, "amx_int8", lambda: request.param == "onednn")
+    monkeypatch.setattr(quant, "vnni_fits", lambda in_features: request.param == "vnni")
     return request.param
+
+
+def vnni_reference(packed: int8_vnni.Int8Product, qweight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """What int8_vnni.c computes, in PyTorch: each row rounded against its largest magnitude, exact integer sums,
+    then the same float32 operations."""
+    top = x.abs().amax(-1, keepdim=True)
+    xq = torch.round(x * torch.where(top > 0, 127 / top, 0.0)).long()
+    n = packed.out_features
+    y = (xq @ qweight.long().T).float() * (packed.scale[:n] * (top / 127))
+    return y if packed.bias is None else y + packed.bias[:n]
+
+
+@pytest.mark.parametrize("n, k, bias", [(40, 96, True), (64, 36, False), (259, 64, True)])
+def test_the_vnni_product_is_the_reference_arithmetic_for_any_number_of_rows(n, k, bias):
+    """Every row count through its tiles of 1 to 6 rows, outputs padded to 32 (40, 259), an odd number of 4-input
+    steps (36): the same bits as the reference, so a row's output cannot depend on the rows beside it."""
+    if int8_vnni.library()[0] is None:
+        pytest.skip(f"the int8 kernel of our own cannot run here: {int8_vnni.library()[1]}")
+    torch.manual_seed(0)
+    qweight = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    scale = torch.rand(n, dtype=torch.float64) / 100
+    packed = int8_vnni.Int8Product(qweight, scale, torch.randn(n) if bias else None)
+    x = torch.randn(65, k) * torch.rand(65, 1) * 10
+    x[3] = 0  # a row of zeros: its scale is 0, not a division by it
+    want = vnni_reference(packed, qweight, x)
+    for rows in (*range(1, 14), 17, 65):
+        assert torch.equal(packed(x[:rows]), want[:rows]), rows
+    assert torch.equal(want[3], packed.bias[:n] if bias else torch.zeros(n))
 
 
 def test_token_int8_rows_do_not_depend_on_the_other_rows(int8_kernel):
@@ -179,9 +210,29 @@ def test_token_int8_rows_do_not_depend_on_the_other_rows(int8_kernel):
             assert (full - lin(x)).abs().max() / lin(x).abs().max() < 0.03
         layer = TokenInt8Linear(lin)
         assert layer.kernel == int8_kernel
-        # both kernels quantise the weights alike: a file saved with one serves the other
-        other = TokenInt8Linear(lin, kernel="fbgemm" if int8_kernel == "onednn" else "onednn")
+        # the kernels quantise the weights alike: a file saved with one serves the others
+        other = TokenInt8Linear(lin, kernel="fbgemm" if int8_kernel != "fbgemm" else "onednn")
         assert all(torch.equal(layer.saved_state()[key], other.saved_state()[key]) for key in ("qweight", "scale"))
+
+
+def test_where_ours_cannot_be_built_the_int8_target_keeps_fbgemm_and_says_why(monkeypatch, tmp_path):
+    monkeypatch.setattr(int8_vnni, "cpu_flags", lambda: set(int8_vnni.NEEDS))
+    monkeypatch.setattr(int8_vnni.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(quant, "amx_int8", lambda: False)
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    lin, x = torch.nn.Linear(64, 32), torch.randn(5, 64)
+    try:
+        for cc, why in (("no-such-compiler", "no C compiler"), ("false", "building it failed")):
+            monkeypatch.setenv("CC", cc)
+            int8_vnni.library.cache_clear()
+            with pytest.warns(RuntimeWarning, match=why):
+                layer = TokenInt8Linear(lin)
+            assert layer.kernel == "fbgemm" and int8_vnni.library()[1].startswith(why)
+            with torch.no_grad():
+                assert torch.equal(layer(x), torch.cat([layer(x[i: i + 1]) for i in range(5)]))
+            assert not list(tmp_path.rglob("*.so"))  # nothing half-built left behind
+    finally:
+        int8_vnni.library.cache_clear()
 
 
 def test_onednn_is_the_default_only_where_amx_tiles_are_there_and_not_capped(monkeypatch):
@@ -295,7 +346,7 @@ def test_the_int8_target_decodes_losslessly_and_is_saved(tiny, tmp_path, k, int8
     target = quantise_target(copy.deepcopy(tiny.target), saved=path, source="weights v1")
     again = quantise_target(copy.deepcopy(tiny.target), saved=path, source="weights v1")
     layers = [m for model in (target, again) for m in model.modules() if isinstance(m, TokenInt8Linear)]
-    assert {m.kernel for m in layers} == {int8_kernel} and all(m.plain is None for m in layers if m.kernel == "onednn")
+    assert {m.kernel for m in layers} == {int8_kernel} and all(m.plain is None for m in layers)
     with torch.inference_mode():
         x = torch.tensor([[5, 17, 42, 99, 7]])
         assert torch.equal(target(x).logits, again(x).logits)

@@ -25,7 +25,8 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     target_quant: "int8" (the default on CPUs, "auto", but for the tiny test pair): int8 weights and per-token int8
     activations, each row's attention as a step's, float32 elsewhere (quant.quantise_target). A position's logits are
     then the same, bit for bit, in a one-token step and in any verification pass, so greedy speculative output is plain
-    decoding's on every prompt. Both decoders share it; it is another target than the weights as loaded. "off":
+    decoding's on every prompt. Both decoders share it; it is another target than the weights as loaded. "int8:KERNEL"
+    picks its product instead of the CPU's default (quant.TokenInt8Linear: vnni, onednn or fbgemm). "off":
     the weights as loaded (bfloat16 on most CPUs: faster to verify, but near-ties can part the two outputs).
     graphs: on CUDA, decoding steps compiled with CUDA graphs ("inductor"; also "cudagraphs", "off") over
     static caches of `max_len` positions (cache.CompiledForward); the context is capped to fit them.
@@ -36,11 +37,14 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     backend = ("inductor" if dev.type == "cuda" else "off") if graphs == "auto" else graphs
     if backend not in ("off", "inductor", "cudagraphs"):
         raise ValueError(f"graphs must be auto, off, inductor or cudagraphs, got {graphs!r}")
-    if target_quant not in ("auto", "off", "int8"):
-        raise ValueError(f"target_quant must be auto, off or int8, got {target_quant!r}")
+    from .quant import INT8_KERNELS, TokenInt8Linear, can_pack, cheapen_draft, pack_linears, quant_label, quantise_target
+    quant, _, kernel = target_quant.partition(":")
+    if quant not in ("auto", "off", "int8") or kernel and (quant != "int8" or kernel not in INT8_KERNELS):
+        raise ValueError(f"target_quant must be auto, off, int8 or int8:KERNEL ({', '.join(INT8_KERNELS)}), "
+                         f"got {target_quant!r}")
     as_built = target == "tiny"  # the tiny test pair runs as built: tests compare it with models built the same way
-    if target_quant == "auto":
-        target_quant = "int8" if dev.type == "cpu" and not as_built else "off"
+    if quant == "auto":
+        quant = target_quant = "int8" if dev.type == "cpu" and not as_built else "off"
     folders = {}  # the bundled models keep their quantised weights beside their own
     if as_built:
         from .tiny import tiny_models
@@ -56,7 +60,6 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
         raise Refusal("custom_pair_ids")
     else:
         pair = load_hub_pair(target, draft, dev, dt, progress)
-    from .quant import TokenInt8Linear, can_pack, cheapen_draft, pack_linears, quant_label, quantise_target
 
     cpu_bf16 = dev.type == "cpu" and dt == torch.bfloat16
     saved = lambda role, name: (folders[role] / name, (folders[role] / MANIFEST).read_text()) if folders else (None, "")
@@ -71,10 +74,10 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
         if DecodeStep.fits(pair.draft):  # its decoding steps written out (step.py); prompts and trees as above
             pair.steps["draft"] = DecodeStep(pair.draft)
     pair.info["target_weights"], pair.info["target_quant"] = str(dt).replace("torch.", ""), target_quant
-    if target_quant == "int8":
+    if quant == "int8":
         if dev.type != "cpu":
             raise ValueError("target_quant='int8' runs on CPUs only.")
-        quantise_target(pair.target, *saved("target", "target-int8.safetensors"))
+        quantise_target(pair.target, *saved("target", "target-int8.safetensors"), kernel=kernel or None)
         pair.info["target_weights"] = "int8"  # exact: the same logits in a step and in a pass
         pair.info["target_int8"] = "/".join(sorted({m.kernel for m in pair.target.modules() if isinstance(m, TokenInt8Linear)}))
     if cpu_bf16 and not as_built:  # every remaining Linear weight prepacked for oneDNN (same numbers, faster)

@@ -114,6 +114,8 @@ class TokenInt8Linear(nn.Module):
         self.plain = None
         qweight, scale = int8_weights(linear, saved)
         self.kernel = kernel or default_int8_kernel(linear.in_features)
+        if self.kernel == "vnni" and not vnni_fits(linear.in_features):
+            self.kernel = "fbgemm"  # int8_vnni.library() has said why
         if self.kernel == "vnni":
             self.packed = Int8Product(qweight, scale, self.bias)
             self.plain = None if saved else {"qweight": qweight, "scale": scale}  # for the file, then dropped
@@ -148,6 +150,9 @@ class TokenInt8Linear(nn.Module):
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+INT8_KERNELS = ("vnni", "onednn", "fbgemm")  # TokenInt8Linear's
 
 
 def default_int8_kernel(in_features: int) -> str:
@@ -347,7 +352,7 @@ def cheapen_draft(model: nn.Module, quant: bool = True, keep_vocab: int = 0, mod
     return model
 
 
-def quantise_target(model: nn.Module, saved: Path | None = None, source: str = "") -> nn.Module:
+def quantise_target(model: nn.Module, saved: Path | None = None, source: str = "", kernel: str | None = None) -> nn.Module:
     """In place: every Linear becomes a TokenInt8Linear, each row's attention is computed as a one-token step
     computes it (attention.ROWS), everything else in float32: a position's logits are the same, bit for bit,
     alone or in any verification pass, chain or tree.
@@ -355,8 +360,9 @@ def quantise_target(model: nn.Module, saved: Path | None = None, source: str = "
     Rounding an activation to int8 magnifies any difference in it, however small: a product that sums in
     another order in a 17-row pass than in a one-row step (as batched attention does) flips int8 roundings
     and moves logits by more than 1. Integer products are exact in any order, and the attention computes
-    a row with the same products whatever pass it is in. saved/source as in cheapen_draft."""
-    quantise(model, lambda name, mod, kept: TokenInt8Linear(mod, kept), saved, f"{source}\ntoken-int8")
+    a row with the same products whatever pass it is in. saved/source as in cheapen_draft; kernel: TokenInt8Linear's
+    (None: the CPU's default)."""
+    quantise(model, lambda name, mod, kept: TokenInt8Linear(mod, kept, kernel), saved, f"{source}\ntoken-int8")
     model.set_attn_implementation(ROWS)
     return model.float()
 

@@ -10,6 +10,7 @@ from specdec_core import SpecConfig
 from specdec_core.bench import gpu as gpu_bench
 from specdec_core.bench import prompts as bench
 from specdec_core.engine import encode_request
+from specdec_core.models import int8_vnni
 from specdec_core.models.quant import cheapen_draft
 from specdec_core.models.step import DecodeStep
 
@@ -86,6 +87,14 @@ def test_bench_compares_guesses_in_one_run(tmp_path):
         for e in run["prompts"]:
             steps, drafted = e["spec"]["draft_steps_per_round"], e["spec"]["drafted_per_round"]
             assert steps == pytest.approx(drafted) if name.endswith("guess 0") else 0 < steps <= drafted
+
+
+def test_bench_compares_the_int8_targets_products_in_one_run(tmp_path):
+    report = bench.main(["--pair", "tiny", "--max-new-tokens", "16", "--limit", "1", "--json", str(tmp_path / "k.json"),
+                         "--dtype", "float32", "--device", "cpu", "--target-quant", "int8:fbgemm,int8:vnni"])
+    kernels = {name: run["cpu_kernels"]["target_int8"] for name, run in report["variants"].items()}
+    assert kernels == {"int8:fbgemm": "fbgemm", "int8:vnni": "vnni" if int8_vnni.library()[0] else "fbgemm"}
+    assert all(e["identical_to_ar"] for run in report["variants"].values() for e in run["prompts"])
 
 
 def test_transformers_constant_k_really_drafts_k_tokens(tiny):

@@ -235,6 +235,18 @@ def test_where_ours_cannot_be_built_the_int8_target_keeps_fbgemm_and_says_why(mo
         int8_vnni.library.cache_clear()
 
 
+def test_the_int8_targets_product_can_be_picked_by_name():
+    from specdec_core import load_pair
+
+    kernels = lambda pair: {m.kernel for m in pair.target.modules() if isinstance(m, TokenInt8Linear)}
+    pair = load_pair("tiny", target_quant="int8:fbgemm")
+    assert kernels(pair) == {"fbgemm"} and pair.info["target_quant"] == "int8:fbgemm"
+    assert kernels(load_pair("tiny", target_quant="int8:vnni")) == {"vnni" if int8_vnni.library()[0] else "fbgemm"}
+    for bad in ("int8:fast", "off:vnni", "int4"):
+        with pytest.raises(ValueError, match="int8:KERNEL"):
+            load_pair("tiny", target_quant=bad)
+
+
 def test_onednn_is_the_default_only_where_amx_tiles_are_there_and_not_capped(monkeypatch):
     """oneDNN's int8 products without AMX run a reference kernel hundreds of times slower than fbgemm's."""
     has_amx = bool(torch._C._cpu._get_cpu_capability().get("amx_int8")) and torch._C._cpu._init_amx()

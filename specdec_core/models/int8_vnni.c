@@ -56,6 +56,16 @@ INLINE void tile1(const int8_t* w0, const int8_t* w1, const uint8_t* x, int K, _
     acc[1] = _mm512_add_epi32(b0, b1);
 }
 
+/* the largest magnitude in a row (a maximum: the same whatever the order) */
+static float largest(const float* row, int K) {
+    __m512 top = _mm512_setzero_ps();
+    int k = 0;
+    for (; k + 16 <= K; k += 16) top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_loadu_ps(row + k)));
+    float t = _mm512_reduce_max_ps(top);
+    for (; k < K; k++) { float v = row[k] < 0 ? -row[k] : row[k]; if (v > t) t = v; }
+    return t;
+}
+
 /* x [M][K] float32, y [M][N] float32 (N padded); scale, bias [N] float32 (bias may be NULL), colsum [N] int32.
    Returns 0, or -1 when memory for the rounded rows could not be had. */
 int int8_vnni_mm(const int8_t* w, const int32_t* colsum, const float* scale, const float* bias, const float* x,
@@ -63,10 +73,10 @@ int int8_vnni_mm(const int8_t* w, const int32_t* colsum, const float* scale, con
     uint8_t* xq = malloc((size_t)M * K);
     float* xs = malloc(sizeof(float) * (size_t)M);
     if (!xq || !xs) { free(xq); free(xs); return -1; }
+    #pragma omp parallel for schedule(static) num_threads(threads) if (M >= 8)
     for (int m = 0; m < M; m++) {
         const float* row = x + (size_t)m * K;
-        float top = 0.f;
-        for (int k = 0; k < K; k++) { float v = row[k] < 0 ? -row[k] : row[k]; if (v > top) top = v; }
+        float top = largest(row, K);
         float inv = top > 0 ? 127.f / top : 0.f;
         for (int k = 0; k < K; k++) xq[(size_t)m * K + k] = (uint8_t)((int)__builtin_rintf(row[k] * inv) + 128);
         xs[m] = top / 127.f;

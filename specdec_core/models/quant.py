@@ -113,9 +113,7 @@ class TokenInt8Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.plain = None
         qweight, scale = int8_weights(linear, saved)
-        self.kernel = kernel or default_int8_kernel(linear.in_features)
-        if self.kernel == "vnni" and not vnni_fits(linear.in_features):
-            self.kernel = "fbgemm"  # int8_vnni.library() has said why
+        self.kernel = int8_kernel(kernel, linear.in_features)
         if self.kernel == "vnni":
             self.packed = Int8Product(qweight, scale, self.bias)
             self.plain = None if saved else {"qweight": qweight, "scale": scale}  # for the file, then dropped
@@ -155,9 +153,11 @@ class TokenInt8Linear(nn.Module):
 INT8_KERNELS = ("vnni", "onednn", "fbgemm")  # TokenInt8Linear's
 
 
-def default_int8_kernel(in_features: int) -> str:
-    """oneDNN where the CPU has AMX int8 tiles, else our own where it builds and fits, else fbgemm."""
-    return "onednn" if amx_int8() else "vnni" if vnni_fits(in_features) else "fbgemm"
+def int8_kernel(asked: str | None, in_features: int) -> str:
+    """The kernel asked for, by default oneDNN where the CPU has AMX int8 tiles, else our own; ours gives way to
+    fbgemm where it cannot run (int8_vnni.library() has said why) or the shape does not fit."""
+    asked = asked or ("onednn" if amx_int8() else "vnni")
+    return "fbgemm" if asked == "vnni" and not vnni_fits(in_features) else asked
 
 
 @functools.cache

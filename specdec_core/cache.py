@@ -31,16 +31,30 @@ class RoomLayer(DynamicLayer):
         self.keys, self.values = self.grown("keys", key_states, length), self.grown("values", value_states, length)
         return self.keys, self.values
 
+    def reserve(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Room for `n` more entries, written by the caller (step.py): the key and value buffers, [B, heads, room, d],
+        contiguous; the layer's keys and values become their first length + n entries."""
+        length = self.get_seq_length()
+        bases = tuple(self.buffer(name, getattr(self, name), length, length + n) for name in ("keys", "values"))
+        self.keys, self.values = (base[:, :, :length + n] for base in bases)
+        return bases
+
     def grown(self, name: str, new: torch.Tensor, length: int) -> torch.Tensor:
-        """The layer's first `length` keys or values followed by `new`: written in place where they are still the
-        start of this layer's buffer (else, as after a copy of the cache, into a new one)."""
-        now, base, end = getattr(self, name), self.buffers.get(name), length + new.shape[-2]
-        if base is None or base.shape[-2] < end or base.data_ptr() != now.data_ptr() or base.stride() != now.stride():
-            base = self.buffers[name] = new.new_zeros(*new.shape[:2], max(2 * end, ROOM), new.shape[-1])
-            if length:
-                base[:, :, :length] = now[:, :, :length]
+        """The layer's first `length` keys or values followed by `new`."""
+        end = length + new.shape[-2]
+        base = self.buffer(name, new, length, end)
         base[:, :, length:end] = new
         return base[:, :, :end]
+
+    def buffer(self, name: str, like: torch.Tensor, length: int, end: int) -> torch.Tensor:
+        """A buffer for `end` keys or values that starts with the layer's first `length`: this layer's own while they
+        are still its start (else, as after a copy of the cache, a new one)."""
+        now, base = getattr(self, name), self.buffers.get(name)
+        if base is None or base.shape[-2] < end or base.data_ptr() != now.data_ptr() or base.stride() != now.stride():
+            base = self.buffers[name] = like.new_zeros(*like.shape[:2], max(2 * end, ROOM), like.shape[-1])
+            if length:
+                base[:, :, :length] = now[:, :, :length]
+        return base
 
 
 def room_cache(model) -> DynamicCache:

@@ -245,7 +245,7 @@ def written_step_table(step: DecodeStep, model, reps: int) -> dict:
     """The written-out step's parts that read weights, each timed alone as a step runs it: every layer's int4
     products in turn (so their weights come from memory, not a cache), and the head."""
     products = [part for layer in step.layers for part in layer if isinstance(part, Int4Product)]
-    inputs = {p.in_features: torch.zeros(1, p.in_features, dtype=p.linears[0].scales.dtype) for p in products}
+    inputs = {p.in_features: torch.zeros(1, p.in_features, dtype=torch.bfloat16) for p in products}
     head = model.get_output_embeddings()
     hidden = inputs[step.hidden]
 
@@ -371,7 +371,8 @@ def describe(pair, cfg: SpecConfig, args, variant: str) -> dict:
     return {"pair": pair.name, "models": {"target": pair.info.get("target"), "draft": pair.info.get("draft")},
             "device": str(pair.device), "dtype": str(pair.dtype).replace("torch.", ""),
             "target_weights": pair.info.get("target_weights"),
-            "cpu_kernels": {k: pair.info[k] for k in ("draft_quant", "packed", "target_int8") if k in pair.info},
+            "cpu_kernels": {k: pair.info[k] for k in ("draft_quant", "draft_int4", "packed", "target_int8")
+                            if k in pair.info},
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", {torch.get_num_threads()} threads",
             "settings": {**dataclasses.asdict(cfg), "drafter": args.drafter, "hf_k": args.hf_k, "repeats": args.repeats,
                          "target_quant": variant.split(",")[0], "prompts": args.prompts},

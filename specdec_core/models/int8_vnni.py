@@ -2,42 +2,24 @@
 
 fbgemm's dynamic int8 product costs 2 to 2.6 times as much for the 10 to 17 rows of a verification pass as for
 a step's one row; this one reads each weight once for six rows at a time, so a pass costs little more than a
-step. It is built with the system's C compiler (gcc, or $CC) into the model cache, once per source and CPU,
-and loaded with ctypes: no build step, no extra dependency. Where the CPU lacks VNNI or no compiler is found,
+step. It is built on first use (native.py). Where the CPU lacks VNNI or no compiler is found,
 `library()` says why and the target keeps PyTorch's kernels.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
 import platform
-import shutil
-import subprocess
-import tempfile
-import threading
 import warnings
 from pathlib import Path
 
 import torch
 
-from .pair import default_cache_dir
+from .native import build, cpu_flags
 
 SOURCE = Path(__file__).with_name("int8_vnni.c")
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 NEEDS = {"avx512f", "avx512bw", "avx512_vnni"}
-
-
-def cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
-    except OSError:
-        return set()
-
-
-_building = threading.Lock()  # the target's layers are made on several threads: one of them builds
 
 
 @functools.cache
@@ -47,32 +29,10 @@ def library() -> tuple[ctypes.CDLL | None, str]:
     flags = cpu_flags()
     if platform.machine() not in ("x86_64", "AMD64") or not NEEDS <= flags:
         return None, "this CPU has no AVX-512 VNNI"
-    with _building:
-        lib, why = build(flags)
+    lib, why = build(SOURCE, FLAGS, flags)
     if lib is None:
         warnings.warn(f"the int8 target's own product is not used: {why}; it keeps fbgemm's", RuntimeWarning)
-    return lib, why
-
-
-def build(flags: set[str]) -> tuple[ctypes.CDLL | None, str]:
-    cc = shutil.which(os.environ.get("CC", "gcc"))
-    if cc is None:
-        return None, "no C compiler (gcc or $CC) to build it"
-    # -march=native: a library built on one CPU may not run on another, so the CPU's flags are in its name
-    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), " ".join(FLAGS).encode(), cc.encode(),
-                                     " ".join(sorted(flags)).encode()])).hexdigest()[:16]
-    built = default_cache_dir() / "kernels" / f"int8_vnni-{key}.so"
-    try:
-        if not built.exists():
-            built.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=built.parent) as tmp:
-                out = Path(tmp) / built.name
-                subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(out)], check=True, capture_output=True, timeout=120)
-                out.replace(built)  # whole or not at all: another process may be loading it
-        lib = ctypes.CDLL(str(built))
-    except (OSError, subprocess.SubprocessError) as e:
-        detail = getattr(e, "stderr", b"") or b""
-        return None, f"building it failed: {e} {detail.decode(errors='replace')[-300:]}".strip()
+        return None, why
     lib.int8_vnni_mm.restype = ctypes.c_int
     lib.int8_vnni_mm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
     return lib, ""

@@ -37,7 +37,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     backend = ("inductor" if dev.type == "cuda" else "off") if graphs == "auto" else graphs
     if backend not in ("off", "inductor", "cudagraphs"):
         raise ValueError(f"graphs must be auto, off, inductor or cudagraphs, got {graphs!r}")
-    from .quant import INT8_KERNELS, TokenInt8Linear, can_pack, cheapen_draft, pack_linears, quant_label, quantise_target
+    from .quant import INT8_KERNELS, Int4Linear, TokenInt8Linear, can_pack, cheapen_draft, pack_linears, quant_label, quantise_target
     quant, _, kernel = target_quant.partition(":")
     if quant not in ("auto", "off", "int8") or kernel and (quant != "int8" or kernel not in INT8_KERNELS):
         raise ValueError(f"target_quant must be auto, off, int8 or int8:KERNEL ({', '.join(INT8_KERNELS)}), "
@@ -67,6 +67,9 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
         path, source = saved("draft", f"draft-{quant_mode}.safetensors")
         cheapen_draft(pair.draft, mode=quant_mode, saved=path, source=source)
         pair.info["draft_quant"] = quant_label(pair.draft, quant_mode)
+        int4 = {"vnni" if m.tiles is not None else "torch" for m in pair.draft.modules() if isinstance(m, Int4Linear)}
+        if int4:
+            pair.info["draft_int4"] = "/".join(sorted(int4))
     if pair.draft is not None and dev.type == "cpu" and not as_built:
         # SDPA would repeat the key/value heads over the whole cache every step: a draft step at 1,000 tokens of
         # context would cost nearly twice one at 128 (docs/benchmarks.md); the draft changes only speed

@@ -1,13 +1,15 @@
-"""Faster Linear layers for CPUs: PyTorch's own kernels, and for the exact int8 target one of ours (int8_vnni).
+"""Faster Linear layers for CPUs: PyTorch's own kernels, and products of ours (int8_vnni for the exact int8 target,
+int4_vnni for the int4 draft).
 
 - PackedLinear (both models, bfloat16 on CPUs): the weight is reordered once into oneDNN's blocked
   layout. Same numbers as F.linear, and faster, most of all for the few-token passes of decoding.
 The draft's precision and vocabulary change only how many drafts are accepted, never the output
 (the target verifies every token), so the draft may also use:
 - Int4Linear (the default in bfloat16): int4 weights, a scale and an offset per group of 32
-  inputs, bfloat16 activations (`_weight_int4pack_mm_for_cpu`). A draft step is mostly reading
-  weights from memory, and this reads the fewest. The bundled GGUF weights are 4-bit already, in
-  blocks of 32 with a scale and a minimum each, so little more is lost.
+  inputs; bfloat16 activations (`_weight_int4pack_mm_for_cpu`), or on x86 CPUs with AVX-512 VNNI
+  our own product (int4_vnni), which rounds them to int8 per group of 32 and streams the weights
+  faster. A draft step is mostly reading weights from memory, and this reads the fewest. The bundled
+  GGUF weights are 4-bit already, in blocks of 32 with a scale and a minimum each, so little more is lost.
 - DynamicInt8Linear: int8 weights (one scale per output channel) times int8 activations quantised
   on the fly (fbgemm's dynamic linear). Used for every layer except down_proj in mode "mixed".
 - Int8Linear: int8 weights, activations left in bfloat16 (`_weight_int8pack_mm`). Slower, but the
@@ -30,6 +32,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .attention import ROWS
+from .int4_vnni import fits as int4_fits, pack as int4_pack, product as int4_product
 from .int8_vnni import Int8Product, fits as vnni_fits
 
 
@@ -218,44 +221,50 @@ class Int8Linear(WeightOnlyLinear):
 
 
 class Int4Linear(WeightOnlyLinear):
-    """`wide`: the same weights in int8 as well, for products of WIDE rows or more (a prompt). The int4 kernel
-    unpacks weights to compute in floating point: cheap for a step, which waits on memory, but a 70-token prompt
-    cost the 0.5B draft 234 ms, as much as the 1.5B int8 target's. fbgemm's int8 products take it in a quarter."""
+    """`wide`: the same weights in int8 as well, for products of WIDE rows or more (a prompt). The int4 kernels
+    compute a step, which waits on memory, cheaply, but a 70-token prompt cost the 0.5B draft 234 ms with PyTorch's,
+    as much as the 1.5B int8 target's. fbgemm's int8 products take it in a quarter.
+    Two kernels: int4_vnni's (`tiles`), where it runs, else PyTorch's (`packed`, `scales`)."""
     GROUP = 32
     WIDE = 8
 
     @classmethod
     def fits(cls, linear: nn.Linear) -> bool:
-        """The kernel's shape rules, and bfloat16: with float32 activations the kernel is many times slower."""
+        """The kernels' shape rules, and bfloat16: with float32 activations PyTorch's is many times slower."""
         w = linear.weight
         return (w.device.type == "cpu" and w.dtype == torch.bfloat16 and linear.in_features % cls.GROUP == 0
                 and linear.out_features % 16 == 0)
 
-    def __init__(self, linear: nn.Linear, saved: dict | None = None, wide: bool = False):
-        """saved: {"packed": the kernel's layout (it depends on the CPU), "scales": [in / 32, out, 2]}, and with
-        `wide`, the int8 twin's "wide.qweight" and "wide.scale"."""
+    def __init__(self, linear: nn.Linear, saved: dict | None = None, wide: bool = False, kernel: str | None = None):
+        """saved: {"tiles": int4_vnni's layout} or {"packed": PyTorch's layout (it depends on the CPU), "scales":
+        [in / 32, out, 2]}, and with `wide`, the int8 twin's "wide.qweight" and "wide.scale".
+        kernel: "vnni" or "torch" (None: ours where it runs)."""
         super().__init__(linear)
-        self.wide = None
+        self.in_features, self.wide = linear.in_features, None
         if wide:
             twin = {k.removeprefix("wide."): v for k, v in saved.items() if k.startswith("wide.")} if saved else None
             self.wide = TokenInt8Linear(linear, twin)
-        if saved:
-            packed, scales = saved["packed"], saved["scales"]
-        else:
+        own = (kernel or int4_kernel()) == "vnni"
+        if not saved:
             w = linear.weight.detach().float()
             groups = w.reshape(w.shape[0], -1, self.GROUP)
             low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
             step = ((high - low) / 15).clamp(min=1e-12)
             q = torch.round((groups - low) / step).clamp(0, 15).to(torch.int32).reshape(w.shape)
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2)
-            # the kernel computes (q - 8) * scale + zero
-            scales = torch.cat([step, low + 8 * step], -1).transpose(0, 1).contiguous()
-        self.register_buffer("packed", packed)
-        self.register_buffer("scales", scales.to(linear.weight.dtype))
+            if own:
+                saved = {"tiles": int4_pack(q, step[..., 0], low[..., 0])}
+            else:  # PyTorch's kernel computes (q - 8) * scale + zero
+                saved = {"packed": torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2),
+                         "scales": torch.cat([step, low + 8 * step], -1).transpose(0, 1).contiguous()}
+        self.register_buffer("tiles", saved.get("tiles"))
+        self.register_buffer("packed", saved.get("packed"))
+        scales = saved.get("scales")
+        self.register_buffer("scales", None if scales is None else scales.to(linear.weight.dtype))
 
     def saved_state(self) -> dict:
         twin = {} if self.wide is None else {f"wide.{k}": v for k, v in self.wide.saved_state().items()}
-        return {"packed": self.packed, "scales": self.scales, **twin}
+        mine = {"tiles": self.tiles} if self.tiles is not None else {"packed": self.packed, "scales": self.scales}
+        return {**mine, **twin}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.wide is not None and x.numel() >= self.WIDE * x.shape[-1]:
@@ -263,7 +272,14 @@ class Int4Linear(WeightOnlyLinear):
         return super().forward(x)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tiles is not None:
+            return int4_product(self.tiles, x.to(torch.bfloat16), self.out_features, self.in_features).to(x.dtype)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.GROUP, self.scales)
+
+
+def int4_kernel() -> str:
+    """The int4 draft's default kernel: int4_vnni's where it runs (int4_vnni.library() has said why not), else PyTorch's."""
+    return "vnni" if int4_fits() else "torch"
 
 
 class PrunedHead(nn.Module):
@@ -348,7 +364,8 @@ def cheapen_draft(model: nn.Module, quant: bool = True, keep_vocab: int = 0, mod
     if quant:
         dtype = model.get_input_embeddings().weight.dtype
         twin = f", int8 from {Int4Linear.WIDE} rows" if mode == "int4" else ""
-        quantise(model, QUANT_MODES[mode], saved, f"{source}\n{mode}{twin}, {dtype}")
+        layout = " (int4_vnni's tiles)" if mode == "int4" and int4_kernel() == "vnni" else ""
+        quantise(model, QUANT_MODES[mode], saved, f"{source}\n{mode}{layout}{twin}, {dtype}")
     return model
 
 

@@ -5,6 +5,7 @@ Two context-dependent toy models over a 4-token vocabulary; the exact probabilit
 chi-square test (fixed seeds, so the test is deterministic). The same test with the residual
 replaced by p (a classic bug) must fail, which shows the sample is large enough to notice.
 """
+import dataclasses
 import itertools
 
 import pytest
@@ -15,6 +16,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from specdec_core import SpecConfig, drafters, make_drafter, speculative_generate, verify
 from specdec_core.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
 from specdec_core.models import Pair
+from specdec_core.models.quant import cheapen_draft
+from specdec_core.models.step import DecodeStep
 from specdec_core.sampling import warp
 from specdec_core.theory import PassCosts
 
@@ -146,6 +149,25 @@ def test_cost_sized_trees_are_cut_and_device_cuts_happen(toy_pair):
     cut = [len(e.drafted) for seed in range(30) for e in speculative_generate(
         toy_pair, PROMPT, SpecConfig(seed=seed, **CUT), device_cut(toy_pair))]
     assert set(cut) >= {1, 2}  # drafts of several lengths (k is 3, and the last round has room for less)
+
+
+def test_the_written_out_int4_draft_steps_samples_follow_the_target(toy_pair):
+    """The draft's decoding step on CPUs (step.py: int4 products, step_ops.c between them) rounds its own way;
+    whatever its logits, q is what the draft drew from. A draft of the shapes the int4 kernel takes, in bfloat16."""
+    torch.manual_seed(3)
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, initializer_range=0.8, tie_word_embeddings=False)
+    draft = cheapen_draft(Qwen2ForCausalLM(cfg).eval().to(torch.bfloat16))
+    step, taken = DecodeStep(draft), []
+
+    def spy(*args):
+        logits = step(*args)
+        taken.append(logits is not None)
+        return logits
+    spy.model = draft  # Pair.cached gives a model the steps made for it
+    pair = dataclasses.replace(toy_pair, draft=draft, steps={"draft": spy})
+    assert DecodeStep.fits(draft) and p_value(pair, CFG) > 1e-3
+    assert sum(taken) > SAMPLES and all(taken)  # every draft step after a prompt went through it
 
 
 def test_a_wrong_residual_is_detected(toy_pair, monkeypatch):

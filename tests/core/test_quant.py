@@ -5,11 +5,12 @@ import dataclasses
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 
 from specdec_core import SpecConfig, generate
 from specdec_core.cache import CachedModel, TreeInput
-from specdec_core.models import int8_vnni, quant
+from specdec_core.models import int4_vnni, int8_vnni, quant
 from specdec_core.models.quant import (
     DynamicInt8Linear,
     Int4Linear,
@@ -23,6 +24,7 @@ from specdec_core.models.quant import (
     quantise_target,
     replace_linears,
 )
+from specdec_core.models import step as step_module
 from specdec_core.models.step import DecodeStep
 
 from ..conftest import with_eos
@@ -38,20 +40,74 @@ def test_int8_linear_is_close_to_the_original():
     assert 0 < err < 0.02
 
 
-def test_int4_linear_is_close_and_exact_on_4bit_blocks():
+INT4_KERNELS = ("torch", "vnni")  # Int4Linear's: ours where it runs, else PyTorch's
+
+
+@pytest.fixture(params=INT4_KERNELS)
+def int4_kernel(request):
+    if request.param == "vnni" and int4_vnni.library()[0] is None:
+        pytest.skip(f"the int4 kernel of our own cannot run here: {int4_vnni.library()[1]}")
+    return request.param
+
+
+def test_int4_linear_is_close_and_exact_on_4bit_blocks(int4_kernel):
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 32)
     x = torch.randn(3, 64)
-    q = Int4Linear(lin)
-    assert q.packed.dtype == torch.uint8 and q.scales.shape == (2, 32, 2)  # [in / 32, out, scale and zero]
+    q = Int4Linear(lin, kernel=int4_kernel)
+    if int4_kernel == "torch":
+        assert q.packed.dtype == torch.uint8 and q.scales.shape == (2, 32, 2)  # [in / 32, out, scale and zero]
+    else:
+        assert q.tiles.shape == (8, 1, 320) and q.packed is None  # 4 outputs and 128 inputs (64, padded) a tile
     err = (q(x) - lin(x)).abs().max() / lin(x).abs().max()
     assert 0 < err < 0.1
-    # weights that already sit on 16 levels per block of 32 (as GGUF's Q4_K blocks do) are kept exactly
+    # weights that already sit on 16 levels per block of 32 (as GGUF's Q4_K blocks do) are kept exactly; ours
+    # rounds the activations to int8 per block of 32 as well
     levels = torch.randint(0, 16, (32, 64)).float()
     levels[:, ::32], levels[:, 1::32] = 0, 15  # every block spans all 16 levels
-    step, low = torch.rand(32, 2, 1) * 0.1 + 0.01, torch.randn(32, 2, 1)
+    step, low = (torch.rand(32, 2, 1) * 0.1 + 0.01).half().float(), torch.randn(32, 2, 1).half().float()
     lin.weight.data = (levels.view(32, 2, 32) * step + low).view(32, 64)
-    torch.testing.assert_close(Int4Linear(lin)(x), lin(x), rtol=1e-4, atol=1e-4)
+    x = x.bfloat16().float()
+    if int4_kernel == "torch":
+        torch.testing.assert_close(Int4Linear(lin, kernel=int4_kernel)(x), lin(x), rtol=1e-4, atol=1e-4)
+    else:
+        torch.testing.assert_close(Int4Linear(lin, kernel=int4_kernel)(x), int4_reference(lin, x), rtol=1e-2, atol=1e-3)
+
+
+def int4_reference(lin: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """What int4_vnni.c computes from weights on 16 levels a block, in PyTorch: each row rounded to int8 per block
+    of 32 inputs against the block's largest magnitude (in float32), then multiplied by the weights in float64."""
+    blocks = x.float().view(len(x), -1, 32)
+    top = blocks.abs().amax(-1, keepdim=True)
+    inv = torch.where(top > 0, 127 / top, 0.0)  # in float32, as the kernel rounds
+    rounded = (torch.round(blocks * inv).double() * (top / 127).double()).view_as(x)
+    bias = 0 if lin.bias is None else lin.bias.double()
+    return (rounded @ lin.weight.double().T + bias).detach().bfloat16().float()
+
+
+def test_the_int4_vnni_product_is_the_reference_arithmetic_for_any_number_of_rows():
+    """Padded shapes (outputs not a multiple of 4, inputs not of 128) and up to 17 rows, against the reference: every
+    row also alone, with the same bits (the draft's guesses and tree levels come in passes of several rows)."""
+    if int4_vnni.library()[0] is None:
+        pytest.skip(f"the int4 kernel of our own cannot run here: {int4_vnni.library()[1]}")
+    g = torch.Generator().manual_seed(1)
+    for n, k in ((36, 96), (259, 160), (64, 896)):
+        levels = torch.randint(0, 16, (n, k // 32, 32), generator=g).double()
+        levels[..., 0], levels[..., 1] = 0, 15  # every block spans all 16 levels: quantised again, it stays
+        step = (torch.rand(n, k // 32, 1, generator=g) * 0.1 + 0.01).half().double()
+        low = torch.randn(n, k // 32, 1, generator=g).half().double()
+        lin = torch.nn.Linear(k, n, bias=False)
+        lin.weight.data = (levels * step + low).view(n, k).float()
+        q = Int4Linear(lin, kernel="vnni")
+        for rows in (1, 2, 5, 8, 9, 17):
+            x = torch.randn(rows, k, generator=g).bfloat16()
+            x[0, :32] = 0  # a block of zeros
+            with torch.no_grad():
+                y = q(x)
+            assert y.dtype == torch.bfloat16
+            ref, size = int4_reference(lin, x.float()), x.float().abs() @ lin.weight.abs().T  # size: no cancellation
+            assert ((y.float() - ref).abs() <= 8e-3 * ref.abs() + 1e-3 * size).all()  # bfloat16 out, float32 sums
+            assert torch.equal(y, torch.cat([q(x[i: i + 1]) for i in range(rows)]))
 
 
 def test_int4_mode_falls_back_to_mixed_int8_where_the_kernel_does_not_fit(tiny):
@@ -150,7 +206,7 @@ def test_int4_products_of_many_rows_take_the_int8_twin():
         x = torch.randn(rows, 64, dtype=torch.bfloat16)
         y = q(x)
         assert y.dtype == torch.bfloat16
-        int4 = torch.ops.aten._weight_int4pack_mm_for_cpu(x, q.packed, q.GROUP, q.scales) + q.bias
+        int4 = q.matmul(x) + q.bias
         assert torch.equal(y, int4) == (rows < Int4Linear.WIDE)  # a step's few rows stay int4
         if rows >= Int4Linear.WIDE:
             assert torch.equal(y, q.wide(x))
@@ -379,6 +435,56 @@ def test_compiled_steps_refuse_to_replace_the_exact_targets_attention():
     assert pair.target.config._attn_implementation == "specdec_rows" and not pair.compiled
 
 
+def test_the_draft_steps_small_operations_are_pytorchs_up_to_rounding():
+    """step_ops.c against the PyTorch it replaces: each result within one bfloat16 rounding of PyTorch's in float32."""
+    lib, bf = step_module.ops(), torch.bfloat16
+    assert lib is not None, "step_ops.c did not build here"
+    g = torch.Generator().manual_seed(0)
+    close = lambda mine, ref: torch.allclose(mine.float(), ref, rtol=2 ** -7, atol=1e-6)
+    n, dim, inter = 3, 96, 160
+    h = torch.randn(n, dim, generator=g) * 3
+    add, weight = (torch.randn(n, dim, generator=g) * 5).to(bf), (torch.rand(dim, generator=g) + 0.5).to(bf)
+    out, summed = torch.empty(n, dim, dtype=bf), h + add.float()
+    lib.add_norm(h.data_ptr(), add.data_ptr(), weight.data_ptr(), n, dim, 1e-6, out.data_ptr())
+    assert torch.allclose(h, summed) and close(out, F.rms_norm(summed, (dim,), weight.float(), 1e-6))
+    lib.add_norm(h.data_ptr(), None, weight.data_ptr(), n, dim, 1e-6, out.data_ptr())  # nothing to add
+    assert torch.allclose(h, summed) and close(out, F.rms_norm(summed, (dim,), weight.float(), 1e-6))
+    # silu over the range where its exponential matters, and far out on both sides
+    gate_up = torch.cat([torch.linspace(-30, 30, n * inter).view(n, inter), torch.randn(n, inter, generator=g)], 1).to(bf)
+    act = torch.empty(n, inter, dtype=bf)
+    lib.silu_mul(gate_up.data_ptr(), n, inter, act.data_ptr())
+    gate, up = gate_up.float().chunk(2, -1)
+    assert close(act, F.silu(gate) * up)
+    # two heads of queries and one of keys and values, rotated by positions 5, 6, 7 into a cache holding 5 of 9
+    heads, kv, d, room, length = 2, 1, 8, 9, 5
+    qkv = torch.randn(n, (heads + 2 * kv) * d, generator=g).to(bf)
+    angle = torch.arange(length, length + n)[:, None] * (10000 ** -(torch.arange(d // 2) / (d // 2)))
+    cos, sin = torch.cat([angle.cos()] * 2, -1).contiguous(), torch.cat([angle.sin()] * 2, -1).contiguous()
+    q, keys, values = torch.empty(heads, n, d, dtype=bf), torch.zeros(kv, room, d, dtype=bf), torch.zeros(kv, room, d, dtype=bf)
+    lib.rotate_write(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), n, heads, kv, d, q.data_ptr(), keys.data_ptr(),
+                     values.data_ptr(), room, length)
+    x = qkv.float().view(n, heads + 2 * kv, d).transpose(0, 1)
+    rotated = x * cos + torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1) * sin
+    assert close(q, rotated[:heads]) and close(keys[:, length:length + n], rotated[heads:heads + kv])
+    assert torch.equal(values[:, length:length + n], qkv.view(n, -1, d).transpose(0, 1)[heads + kv:])
+    assert not keys[:, :length].any() and not keys[:, length + n:].any()  # nothing written outside its rows
+
+
+def test_where_the_draft_steps_operations_cannot_be_built_the_draft_takes_the_general_forward(tiny, monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "no-such-compiler")
+    draft = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16))
+    step_module.ops.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="no C compiler"):
+            assert not DecodeStep.fits(draft)
+        monkeypatch.delenv("CC")
+        step_module.ops.cache_clear()
+        assert DecodeStep.fits(draft)  # built with the real compiler
+    finally:
+        step_module.ops.cache_clear()
+
+
 def test_the_written_out_draft_step_follows_the_general_forward(tiny):
     """The draft's decoding step on CPUs (models/step.py) against transformers' forward of the same int4 model:
     the same numbers up to bfloat16 rounding, whether the cache was last grown by a step or by the general forward
@@ -386,7 +492,11 @@ def test_the_written_out_draft_step_follows_the_general_forward(tiny):
     draft = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16))
     assert DecodeStep.fits(draft) and not DecodeStep.fits(tiny.draft)  # float32 projections: the general forward
     step, taken = DecodeStep(draft), []
-    spy = lambda *args: taken.append(args[0].shape[1]) or step(*args)
+
+    def spy(*args):
+        logits = step(*args)
+        taken.append(args[0].shape[1] if logits is not None else None)
+        return logits
     fast, general = CachedModel(draft, tiny.vocab, step=spy), CachedModel(draft, tiny.vocab)
     prompt = [(7 * i) % 250 + 3 for i in range(40)]
     fast.prefill(prompt), general.prefill(prompt)
@@ -404,7 +514,9 @@ def test_the_written_out_draft_step_follows_the_general_forward(tiny):
                 lm.forward(torch.tensor([9, 10, 11]), keep=3, tree=TreeInput([-1, -1, 0]))
                 lm.compact(lm.length - 3, [0, 2])
         assert fast.length == general.length and int(fast.cache.get_seq_length()) == fast.length
-    assert taken.count(1) > 15 and taken.count(2) == 6  # one and two tokens a step, all through the step
+    assert taken.count(1) > 15 and taken.count(2) == 6 and None not in taken  # one and two tokens a step, all taken
     assert worst < 0.05 * scale, (worst, scale)  # rounding at most, not another function
-    # 64-row blocks: gate and up (128 rows each) are one product; k and v (32 rows) would shift q's blocks
-    assert [step.layers[0][i].fused for i in (1, 4)] == [False, True]
+    # PyTorch's 64-row blocks: gate and up (128 rows each) are one product; k and v (32 rows) would shift q's blocks.
+    # Ours takes blocks of 4 rows: q/k/v are one product too
+    own = quant.int4_kernel() == "vnni"
+    assert [step.layers[0][i].fused for i in (1, 4)] == [own, True]

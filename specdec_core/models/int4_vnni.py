@@ -1,0 +1,66 @@
+"""The int4 draft's product of our own (int4_vnni.c) for x86 CPUs with AVX-512 VNNI, built on first use (native.py).
+
+A draft step reads its weights once and waits on memory; this product streams them faster than PyTorch's int4
+kernel (see int4_vnni.c). Where the CPU lacks VNNI or it cannot be built, `library()` says why and the draft keeps
+PyTorch's kernel.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import platform
+import warnings
+from pathlib import Path
+
+import torch
+
+from .native import build, cpu_flags
+
+SOURCE = Path(__file__).with_name("int4_vnni.c")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+NEEDS = {"avx512f", "avx512bw", "avx512_vnni", "f16c"}
+GROUP = 32
+
+
+@functools.cache
+def library() -> tuple[ctypes.CDLL | None, str]:
+    """(the built kernel, "") or (None, why there is none); where the CPU could run it but it cannot be built, a
+    warning says so once."""
+    flags = cpu_flags()
+    if platform.machine() not in ("x86_64", "AMD64") or not NEEDS <= flags:
+        return None, "this CPU has no AVX-512 VNNI"
+    lib, why = build(SOURCE, FLAGS, flags)
+    if lib is None:
+        warnings.warn(f"the int4 draft's own product is not used: {why}; it keeps PyTorch's", RuntimeWarning)
+        return None, why
+    lib.int4_vnni_mm.restype = ctypes.c_int
+    lib.int4_vnni_mm.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
+    return lib, ""
+
+
+def fits() -> bool:
+    return library()[0] is not None
+
+
+def pack(q: torch.Tensor, step: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """q [N, K] in 0..15, step and low [N, K / 32] (w = low + q step) -> the kernel's tiles, [N / 4, K / 128, 320]
+    bytes, N and K padded with zeros to multiples of 4 and 128."""
+    n, k = q.shape
+    pad_n, pad_k = -n % 4, -k % 128
+    q = torch.nn.functional.pad(q.to(torch.uint8), (0, pad_k, 0, pad_n))
+    np_, kp = n + pad_n, k + pad_k
+    q6 = q.view(np_ // 4, 4, kp // 128, 4, 8, 4).permute(0, 2, 4, 1, 3, 5)  # quad, block, step, output, group, byte
+    nibbles = (q6[:, :, :4] | (q6[:, :, 4:] << 4)).reshape(np_ // 4, kp // 128, 256)
+    lanes = lambda t: torch.nn.functional.pad(t.float(), (0, pad_k // GROUP, 0, pad_n)).view(
+        np_ // 4, 4, kp // 128, 4).permute(0, 2, 1, 3).reshape(np_ // 4, kp // 128, 16).half().view(torch.uint8)
+    return torch.cat([nibbles, lanes(step), lanes(low)], -1).contiguous()
+
+
+def product(tiles: torch.Tensor, x: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """x [M, K] bfloat16 -> [M, N] bfloat16."""
+    x = x.contiguous()
+    y = torch.empty(len(x), out_features, dtype=torch.bfloat16)
+    if library()[0].int4_vnni_mm(tiles.data_ptr(), x.data_ptr(), len(x), out_features, in_features, y.data_ptr(),
+                                 torch.get_num_threads()):
+        raise MemoryError("no memory for the int4 product's rounded rows")
+    return y

@@ -435,6 +435,23 @@ def test_compiled_steps_refuse_to_replace_the_exact_targets_attention():
     assert pair.target.config._attn_implementation == "specdec_rows" and not pair.compiled
 
 
+def test_where_the_int4_kernel_cannot_be_built_the_draft_keeps_pytorchs_and_says_why(monkeypatch, tmp_path):
+    monkeypatch.setattr(int4_vnni, "cpu_flags", lambda: set(int4_vnni.NEEDS))
+    monkeypatch.setattr(int4_vnni.platform, "machine", lambda: "x86_64")
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "no-such-compiler")
+    lin, x = torch.nn.Linear(64, 32).to(torch.bfloat16), torch.randn(3, 64, dtype=torch.bfloat16)
+    int4_vnni.library.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="int4 draft's own product is not used: no C compiler"):
+            layer = Int4Linear(lin)
+        assert quant.int4_kernel() == "torch" and layer.tiles is None and layer.packed is not None
+        with torch.no_grad():
+            assert ((layer(x) - lin(x)).float().abs().max() / lin(x).float().abs().max()) < 0.1
+    finally:
+        int4_vnni.library.cache_clear()
+
+
 def test_the_draft_steps_small_operations_are_pytorchs_up_to_rounding():
     """step_ops.c against the PyTorch it replaces: each result within one bfloat16 rounding of PyTorch's in float32."""
     lib, bf = step_module.ops(), torch.bfloat16
@@ -471,9 +488,9 @@ def test_the_draft_steps_small_operations_are_pytorchs_up_to_rounding():
 
 
 def test_where_the_draft_steps_operations_cannot_be_built_the_draft_takes_the_general_forward(tiny, monkeypatch, tmp_path):
+    draft = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16))  # its int4 product built as it is
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "no-such-compiler")
-    draft = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16))
     step_module.ops.cache_clear()
     try:
         with pytest.warns(RuntimeWarning, match="no C compiler"):

@@ -37,7 +37,16 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     backend = ("inductor" if dev.type == "cuda" else "off") if graphs == "auto" else graphs
     if backend not in ("off", "inductor", "cudagraphs"):
         raise ValueError(f"graphs must be auto, off, inductor or cudagraphs, got {graphs!r}")
-    from .quant import INT8_KERNELS, Int4Linear, TokenInt8Linear, can_pack, cheapen_draft, pack_linears, quant_label, quantise_target
+    from .quant import (
+        INT8_KERNELS,
+        Int4Linear,
+        TokenInt8Linear,
+        can_pack,
+        cheapen_draft,
+        pack_linears,
+        quant_label,
+        quantise_target,
+    )
     quant, _, kernel = target_quant.partition(":")
     if quant not in ("auto", "off", "int8") or kernel and (quant != "int8" or kernel not in INT8_KERNELS):
         raise ValueError(f"target_quant must be auto, off, int8 or int8:KERNEL ({', '.join(INT8_KERNELS)}), "

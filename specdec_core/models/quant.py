@@ -238,7 +238,7 @@ class Int4Linear(WeightOnlyLinear):
     def __init__(self, linear: nn.Linear, saved: dict | None = None, wide: bool = False, kernel: str | None = None):
         """saved: {"tiles": int4_vnni's layout} or {"packed": PyTorch's layout (it depends on the CPU), "scales":
         [in / 32, out, 2]}, and with `wide`, the int8 twin's "wide.qweight" and "wide.scale".
-        kernel: "vnni" or "torch" (None: ours where it runs)."""
+        kernel: "vnni" or "torch" (None: ours where it runs), for weights quantised here; saved ones keep theirs."""
         super().__init__(linear)
         self.in_features, self.wide = linear.in_features, None
         if wide:

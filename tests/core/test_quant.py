@@ -11,6 +11,7 @@ from safetensors import safe_open
 from specdec_core import SpecConfig, generate
 from specdec_core.cache import CachedModel, TreeInput
 from specdec_core.models import int4_vnni, int8_vnni, quant
+from specdec_core.models import step as step_module
 from specdec_core.models.quant import (
     DynamicInt8Linear,
     Int4Linear,
@@ -24,7 +25,6 @@ from specdec_core.models.quant import (
     quantise_target,
     replace_linears,
 )
-from specdec_core.models import step as step_module
 from specdec_core.models.step import DecodeStep
 
 from ..conftest import with_eos
@@ -433,6 +433,22 @@ def test_compiled_steps_refuse_to_replace_the_exact_targets_attention():
         load_pair("tiny", target_quant="int8", graphs="inductor")
     pair = load_pair("tiny", target_quant="int8")  # no compiled steps: the exact target as it is
     assert pair.target.config._attn_implementation == "specdec_rows" and not pair.compiled
+
+
+def test_a_kernel_built_again_from_a_new_source_leaves_one_file(monkeypatch, tmp_path):
+    """Each version of a kernel's source builds a file of its own; the one it replaces goes, other kernels stay."""
+    from specdec_core.models import native
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    source, other = tmp_path / "kernel.c", tmp_path / "other.c"
+    other.write_text("int other(void) { return 2; }")
+    assert native.build(other, ["-O1", "-shared", "-fPIC"], set())[0] is not None
+    for version in (1, 2, 2):
+        source.write_text(f"int version(void) {{ return {version}; }}")
+        lib, why = native.build(source, ["-O1", "-shared", "-fPIC"], set())
+        assert why == "" and lib.version() == version
+    built = sorted(p.name.split("-")[0] for p in (tmp_path / "kernels").glob("*.so"))
+    assert built == ["kernel", "other"]
 
 
 def test_where_the_int4_kernel_cannot_be_built_the_draft_keeps_pytorchs_and_says_why(monkeypatch, tmp_path):

@@ -16,6 +16,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from specdec_core import SpecConfig, drafters, make_drafter, speculative_generate, verify
 from specdec_core.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
 from specdec_core.models import Pair
+from specdec_core.models import step as step_module
 from specdec_core.models.quant import cheapen_draft
 from specdec_core.models.step import DecodeStep
 from specdec_core.sampling import warp
@@ -154,6 +155,8 @@ def test_cost_sized_trees_are_cut_and_device_cuts_happen(toy_pair):
 def test_the_written_out_int4_draft_steps_samples_follow_the_target(toy_pair):
     """The draft's decoding step on CPUs (step.py: int4 products, step_ops.c between them) rounds its own way;
     whatever its logits, q is what the draft drew from. A draft of the shapes the int4 kernel takes, in bfloat16."""
+    if step_module.ops() is None:
+        pytest.skip("step_ops.c cannot be built here (a warning said why)")
     torch.manual_seed(3)
     cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                       num_key_value_heads=1, initializer_range=0.8, tie_word_embeddings=False)

@@ -471,7 +471,8 @@ def test_where_the_int4_kernel_cannot_be_built_the_draft_keeps_pytorchs_and_says
 def test_the_draft_steps_small_operations_are_pytorchs_up_to_rounding():
     """step_ops.c against the PyTorch it replaces: each result within one bfloat16 rounding of PyTorch's in float32."""
     lib, bf = step_module.ops(), torch.bfloat16
-    assert lib is not None, "step_ops.c did not build here"
+    if lib is None:
+        pytest.skip("step_ops.c cannot be built here (a warning said why)")
     g = torch.Generator().manual_seed(0)
     close = lambda mine, ref: torch.allclose(mine.float(), ref, rtol=2 ** -7, atol=1e-6)
     n, dim, inter = 3, 96, 160
@@ -522,6 +523,8 @@ def test_the_written_out_draft_step_follows_the_general_forward(tiny):
     """The draft's decoding step on CPUs (models/step.py) against transformers' forward of the same int4 model:
     the same numbers up to bfloat16 rounding, whether the cache was last grown by a step or by the general forward
     (a prompt, a tree level), cropped after a rejection or compacted onto a tree's path."""
+    if step_module.ops() is None:
+        pytest.skip("step_ops.c cannot be built here (a warning said why)")
     draft = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16))
     assert DecodeStep.fits(draft) and not DecodeStep.fits(tiny.draft)  # float32 projections: the general forward
     step, taken = DecodeStep(draft), []

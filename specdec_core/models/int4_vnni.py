@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import platform
-import warnings
 from pathlib import Path
 
 import torch
 
-from .native import build, cpu_flags
+from .native import load
 
 SOURCE = Path(__file__).with_name("int4_vnni.c")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
@@ -26,16 +24,11 @@ GROUP = 32
 def library() -> tuple[ctypes.CDLL | None, str]:
     """(the built kernel, "") or (None, why there is none); where the CPU could run it but it cannot be built, a
     warning says so once."""
-    flags = cpu_flags()
-    if platform.machine() not in ("x86_64", "AMD64") or not NEEDS <= flags:
-        return None, "this CPU has no AVX-512 VNNI"
-    lib, why = build(SOURCE, FLAGS, flags)
-    if lib is None:
-        warnings.warn(f"the int4 draft's own product is not used: {why}; it keeps PyTorch's", RuntimeWarning)
-        return None, why
-    lib.int4_vnni_mm.restype = ctypes.c_int
-    lib.int4_vnni_mm.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
-    return lib, ""
+    lib, why = load(SOURCE, FLAGS, NEEDS, "the int4 draft's own product is not used: {why}; it keeps PyTorch's")
+    if lib is not None:
+        lib.int4_vnni_mm.restype = ctypes.c_int
+        lib.int4_vnni_mm.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
+    return lib, why
 
 
 def fits() -> bool:

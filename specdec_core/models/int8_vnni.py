@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import platform
-import warnings
 from pathlib import Path
 
 import torch
 
-from .native import build, cpu_flags
+from .native import load
 
 SOURCE = Path(__file__).with_name("int8_vnni.c")
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
@@ -26,16 +24,11 @@ NEEDS = {"avx512f", "avx512bw", "avx512_vnni"}
 def library() -> tuple[ctypes.CDLL | None, str]:
     """(the built kernel, "") or (None, why there is none). Where the CPU could run it but it cannot be built,
     a warning says so once: the target then keeps fbgemm's product, exact but slower in a pass."""
-    flags = cpu_flags()
-    if platform.machine() not in ("x86_64", "AMD64") or not NEEDS <= flags:
-        return None, "this CPU has no AVX-512 VNNI"
-    lib, why = build(SOURCE, FLAGS, flags)
-    if lib is None:
-        warnings.warn(f"the int8 target's own product is not used: {why}; it keeps fbgemm's", RuntimeWarning)
-        return None, why
-    lib.int8_vnni_mm.restype = ctypes.c_int
-    lib.int8_vnni_mm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
-    return lib, ""
+    lib, why = load(SOURCE, FLAGS, NEEDS, "the int8 target's own product is not used: {why}; it keeps fbgemm's")
+    if lib is not None:
+        lib.int8_vnni_mm.restype = ctypes.c_int
+        lib.int8_vnni_mm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
+    return lib, why
 
 
 def fits(in_features: int) -> bool:

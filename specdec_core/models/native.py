@@ -5,10 +5,12 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 
 from .pair import default_cache_dir
@@ -49,3 +51,18 @@ def build(source: Path, flags: list[str], cpu: set[str]) -> tuple[ctypes.CDLL | 
     except (OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", b"") or b""
         return None, f"building it failed: {e} {detail.decode(errors='replace')[-300:]}".strip()
+
+
+def load(source: Path, flags: list[str], needs: set[str], unused: str) -> tuple[ctypes.CDLL | None, str]:
+    """`source` built for this CPU: (the library, "") or (None, why there is none). needs: the x86 CPU flags it
+    needs (none: any CPU). Where the CPU could run it but it cannot be built, a RuntimeWarning says so: `unused`,
+    with {why} in it, names what is not used and what runs instead."""
+    cpu = cpu_flags()
+    if needs and platform.machine() not in ("x86_64", "AMD64"):
+        return None, "this CPU is not an x86 one"
+    if not needs <= cpu:
+        return None, f"this CPU lacks {', '.join(sorted(needs - cpu))}"
+    lib, why = build(source, flags, cpu)
+    if lib is None:
+        warnings.warn(unused.format(why=why), RuntimeWarning)
+    return lib, why

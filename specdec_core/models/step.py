@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import warnings
 from pathlib import Path
 
 import torch
@@ -25,7 +24,7 @@ import torch.nn.functional as F
 
 from ..cache import RoomLayer
 from .int4_vnni import product as int4_product
-from .native import build, cpu_flags
+from .native import load
 from .quant import Int4Linear
 
 SOURCE = Path(__file__).with_name("step_ops.c")
@@ -35,9 +34,8 @@ FLAGS = ["-O3", "-march=native", "-shared", "-fPIC"]
 @functools.cache
 def ops() -> ctypes.CDLL | None:
     """step_ops.c, built; None where it cannot be (a warning says why: the draft then takes the general forward)."""
-    lib, why = build(SOURCE, FLAGS, cpu_flags())
+    lib, _ = load(SOURCE, FLAGS, set(), "the draft's written-out step is not used: {why}")
     if lib is None:
-        warnings.warn(f"the draft's written-out step is not used: {why}", RuntimeWarning)
         return None
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.add_norm.argtypes = [p, p, p, i, i, ctypes.c_float, p]

@@ -10,7 +10,7 @@ from safetensors import safe_open
 
 from specdec_core import SpecConfig, generate
 from specdec_core.cache import CachedModel, TreeInput
-from specdec_core.models import int4_vnni, int8_vnni, quant
+from specdec_core.models import int4_vnni, int8_vnni, native, quant
 from specdec_core.models import step as step_module
 from specdec_core.models.quant import (
     DynamicInt8Linear,
@@ -272,8 +272,8 @@ def test_token_int8_rows_do_not_depend_on_the_other_rows(int8_kernel):
 
 
 def test_where_ours_cannot_be_built_the_int8_target_keeps_fbgemm_and_says_why(monkeypatch, tmp_path):
-    monkeypatch.setattr(int8_vnni, "cpu_flags", lambda: set(int8_vnni.NEEDS))
-    monkeypatch.setattr(int8_vnni.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(native, "cpu_flags", lambda: set(int8_vnni.NEEDS))
+    monkeypatch.setattr(native.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(quant, "amx_int8", lambda: False)
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     lin, x = torch.nn.Linear(64, 32), torch.randn(5, 64)
@@ -437,8 +437,6 @@ def test_compiled_steps_refuse_to_replace_the_exact_targets_attention():
 
 def test_a_kernel_built_again_from_a_new_source_leaves_one_file(monkeypatch, tmp_path):
     """Each version of a kernel's source builds a file of its own; the one it replaces goes, other kernels stay."""
-    from specdec_core.models import native
-
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     source, other = tmp_path / "kernel.c", tmp_path / "other.c"
     other.write_text("int other(void) { return 2; }")
@@ -452,8 +450,8 @@ def test_a_kernel_built_again_from_a_new_source_leaves_one_file(monkeypatch, tmp
 
 
 def test_where_the_int4_kernel_cannot_be_built_the_draft_keeps_pytorchs_and_says_why(monkeypatch, tmp_path):
-    monkeypatch.setattr(int4_vnni, "cpu_flags", lambda: set(int4_vnni.NEEDS))
-    monkeypatch.setattr(int4_vnni.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(native, "cpu_flags", lambda: set(int4_vnni.NEEDS))
+    monkeypatch.setattr(native.platform, "machine", lambda: "x86_64")
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "no-such-compiler")
     lin, x = torch.nn.Linear(64, 32).to(torch.bfloat16), torch.randn(3, 64, dtype=torch.bfloat16)

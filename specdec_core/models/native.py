@@ -44,9 +44,6 @@ def build(source: Path, flags: list[str], cpu: set[str]) -> tuple[ctypes.CDLL | 
                     out = Path(tmp) / built.name
                     subprocess.run([cc, *flags, str(source), "-o", str(out)], check=True, capture_output=True, timeout=120)
                     out.replace(built)  # whole or not at all: another process may be loading it
-                for old in built.parent.glob(f"{source.stem}-*.so"):  # earlier versions' (a process using one keeps it)
-                    if old != built:
-                        old.unlink(missing_ok=True)
         return ctypes.CDLL(str(built)), ""
     except (OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", b"") or b""

@@ -1,0 +1,181 @@
+"""The target's product on Q4_K and Q6_K blocks (kquant.c) against the block formats' public definitions and the
+arithmetic it promises, for any number of rows, in both of its builds, with planted bugs that must fail."""
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from specdec_core.models import kquant, native
+
+GGML = {4: GGMLQuantizationType.Q4_K, 6: GGMLQuantizationType.Q6_K}
+
+
+def needs_kernel():
+    if kquant.library()[0] is None:
+        pytest.skip(f"the Q4_K/Q6_K product cannot be built here: {kquant.library()[1]}")
+
+
+def blocks(kind: int, n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """Weights of very different sizes per row, quantised to the format: [n, k / 256 blocks] bytes."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g) * torch.rand(1, k, generator=g) * 0.2
+    return kquant.quantise(w, kind)
+
+
+def fields(raw: torch.Tensor, kind: int, n: int, k: int):
+    """A block's numbers as the format defines them, read in PyTorch: (q [n, k], scales [n, sub-blocks],
+    mins [n, sub-blocks] (Q4_K) or None, d [n, blocks], dmin [n, blocks] or None)."""
+    b = raw.reshape(n, k // 256, -1).long()
+    half = lambda lo: torch.from_numpy(raw.reshape(n, k // 256, -1)[..., lo: lo + 2].contiguous().numpy()
+                                       .view(np.float16).astype(np.float32)).reshape(n, -1)
+    if kind == 4:
+        s = b[..., 4:16]
+        sc = torch.cat([s[..., :4] & 63, (s[..., 8:] & 15) | (s[..., :4] >> 6) << 4], -1)
+        mn = torch.cat([s[..., 4:8] & 63, (s[..., 8:] >> 4) | (s[..., 4:8] >> 6) << 4], -1)
+        qs = b[..., 16:].reshape(n, -1, 4, 32)
+        q = torch.stack([qs & 15, qs >> 4], 3).reshape(n, k)  # each 64 values: 32 low nibbles, then 32 high
+        return q, sc.reshape(n, -1), mn.reshape(n, -1), half(0), half(2)
+    ql, qh = b[..., :128].reshape(n, -1, 2, 2, 32), b[..., 128:192].reshape(n, -1, 2, 32)
+    low = torch.stack([ql[:, :, :, 0] & 15, ql[:, :, :, 1] & 15, ql[:, :, :, 0] >> 4, ql[:, :, :, 1] >> 4], 3)
+    high = torch.stack([(qh >> (2 * i)) & 3 for i in range(4)], 3)
+    q = (low | high << 4).reshape(n, k)
+    sc = b[..., 192:208].to(torch.int8).long()  # the scales are signed bytes
+    return q, sc.reshape(n, -1), None, half(208), None
+
+
+def reference(raw: torch.Tensor, kind: int, x: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """What the product promises, in PyTorch: each row rounded to int8 per block of 256, exact integer sums per
+    block, then per block, in order, the same float32 operations."""
+    m, k = x.shape
+    q, sc, mn, d, dmin = fields(raw, kind, n, k)
+    xb = x.reshape(m, -1, 256)
+    top = xb.abs().amax(-1, keepdim=True)
+    xq = torch.round(xb * torch.where(top > 0, 127 / top, 0.0)).long()  # half to even, as rintf
+    dx = (top / 127)[..., 0]
+    size = 32 if kind == 4 else 16
+    sub = lambda t: t.reshape(*t.shape[:-1], -1, size)
+    dots = torch.einsum("mjs,njs->mnj", sub(xq.reshape(m, k)), sub(q))  # [m, n, sub-blocks], exact int64
+    xsum = sub(xq.reshape(m, k)).sum(-1)  # [m, sub-blocks]
+    per = 256 // size
+    isum = (dots * sc).reshape(m, n, -1, per).sum(-1)  # [m, n, blocks]
+    msum = (xsum[:, None] * (mn if kind == 4 else sc)).reshape(m, n, -1, per).sum(-1)
+    acc = torch.zeros(m, n)
+    for blk in range(k // 256):
+        if kind == 4:
+            v = d[:, blk] * isum[..., blk].float() - dmin[:, blk] * msum[..., blk].float()
+        else:
+            v = d[:, blk] * (isum[..., blk] - 32 * msum[..., blk]).float()
+        acc = acc + v * dx[:, blk, None]
+    return acc if bias is None else acc + bias
+
+
+@pytest.mark.parametrize("kind", [4, 6])
+def test_the_blocks_read_as_the_format_defines_them(kind):
+    """The lookup of rows and the PyTorch reading above both give GGUF's own dequantised values, bit for bit."""
+    needs_kernel()
+    n, k = 32, 512
+    raw = blocks(kind, n, k)
+    want = torch.from_numpy(dequantize(raw.numpy(), GGML[kind]).reshape(n, k))
+    assert torch.equal(kquant.dequantise_rows(raw, kind, k, torch.arange(n)), want)
+    q, sc, mn, d, dmin = fields(raw, kind, n, k)
+    size = 32 if kind == 4 else 16
+    w = d.repeat_interleave(256, 1) * sc.repeat_interleave(size, 1).float() * (q if kind == 4 else q - 32).float()
+    if kind == 4:
+        w = w - dmin.repeat_interleave(256, 1) * mn.repeat_interleave(size, 1).float()
+    assert torch.equal(w, want)
+
+
+@pytest.mark.parametrize("kind", [4, 6])
+def test_quantised_blocks_are_close_to_the_weights(kind):
+    torch.manual_seed(0)
+    w = torch.randn(48, 768)
+    raw = kquant.quantise(w, kind)
+    back = torch.from_numpy(dequantize(raw.numpy(), GGML[kind]).reshape(48, 768))
+    assert ((back - w).norm() / w.norm()).item() < (0.1 if kind == 4 else 0.03)
+
+
+def run(lib, kind, raw, x, n, bias):
+    return kquant.product(kquant.pack(raw, kind, n, x.shape[1], lib), kind, x, n, bias, lib)
+
+
+def agrees(lib, kind: int) -> bool:
+    """Whether `lib` computes the reference's bits for 1 to 17 and 65 rows, with and without a bias, over three blocks
+    of 48 outputs (three groups of 16); rows of very different sizes and a row of zeros."""
+    n, k = 48, 768
+    raw = blocks(kind, n, k, seed=kind)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(65, k, generator=g) * torch.rand(65, 1, generator=g) * 10
+    x[3] = 0
+    x[5, :256] = 0  # one block of zeros: its scale is 0, not a division by it
+    for bias in (torch.randn(n, generator=g), None):
+        want = reference(raw, kind, x, n, bias)
+        for rows in (*range(1, 18), 65):
+            if not torch.equal(run(lib, kind, raw, x[:rows], n, bias), want[:rows]):
+                return False
+    return True
+
+
+@pytest.mark.parametrize("kind", [4, 6])
+def test_the_product_is_the_reference_arithmetic_for_any_number_of_rows(kind):
+    """Every row count through tiles of 1 to 4 rows: the same bits as the reference, so a row's output cannot
+    depend on the rows beside it, in a step or in any pass."""
+    needs_kernel()
+    assert agrees(kquant.kernel(), kind)
+
+
+def build(tmp_path, monkeypatch, source: str, vnni: bool):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    path = tmp_path / "kquant.c"
+    path.write_text(source)
+    lib, why = native.build(path, kquant.COMMON + (kquant.VNNI_FLAGS if vnni else []), set())
+    assert lib is not None, why
+    return kquant.bind(lib)
+
+
+def test_the_portable_build_gives_the_same_bits(tmp_path, monkeypatch):
+    """The fallback for CPUs without AVX-512 VNNI, forced here: the same arithmetic, so the same logits."""
+    needs_kernel()
+    lib = build(tmp_path, monkeypatch, kquant.SOURCE.read_text(), vnni=False)
+    assert agrees(lib, 4) and agrees(lib, 6)
+
+
+MUTANTS = {  # a planted bug: (kind it breaks, old text, new text), each in one build
+    "a wrong sub-block scale (Q4_K)": (4, "const __m512i sc = h ? _mm512_srli_epi32(scs, 16) : _mm512_and_si512(scs, half);",
+                                       "const __m512i sc = _mm512_and_si512(scs, half);"),
+    "a wrong min (Q4_K)": (4, "x->p32[((size_t)(m0 + r) * nb + b) * 4 + p]", "x->p32[((size_t)(m0 + r) * nb + b) * 4]"),
+    "a dropped block (Q6_K)": (6, "for (int b = 0; b < nb; b++, w += Q6_PACKED)", "for (int b = 0; b < nb - 1; b++, w += Q6_PACKED)"),
+    "nibble order swapped (Q4_K)": (4, "dot[r] = _mm512_dpbusd_epi32(dot[r], lo, _mm512_set1_epi32(xr[0]));\n"
+                                        "                        dot[r] = _mm512_dpbusd_epi32(dot[r], hi, _mm512_set1_epi32(xr[1]));",
+                                    "dot[r] = _mm512_dpbusd_epi32(dot[r], hi, _mm512_set1_epi32(xr[0]));\n"
+                                    "                        dot[r] = _mm512_dpbusd_epi32(dot[r], lo, _mm512_set1_epi32(xr[1]));"),
+    "Q6_K's high bits one place off": (6, "_mm512_and_si512(_mm512_slli_epi16(qh, 2), top2)", "_mm512_and_si512(_mm512_slli_epi16(qh, 3), top2)"),
+    "Q6_K's offset of 32 forgotten": (6, "_mm512_slli_epi32(csum[r], 5)", "_mm512_slli_epi32(csum[r], 4)"),
+    "a tile's rows all read its first (Q4_K)": (4, "x->q + (size_t)(m0 + r) * K + b * QK + 8 * c", "x->q + (size_t)m0 * K + b * QK + 8 * c"),
+    "a packed scale from the wrong output": (4, "dst[64 + p * 32 + o * 2] = sc[2 * p]", "dst[64 + p * 32 + (o ^ 1) * 2] = sc[2 * p]"),
+}
+
+
+@pytest.mark.parametrize("name", MUTANTS)
+def test_each_planted_bug_fails_the_reference_test(name, tmp_path, monkeypatch):
+    needs_kernel()
+    if kquant.library()[1] != "avx512-vnni":
+        pytest.skip("the planted bugs are in the AVX-512 VNNI build, which this CPU cannot run")
+    kind, old, new = MUTANTS[name]
+    source = kquant.SOURCE.read_text()
+    assert source.count(old) == 1, name
+    assert not agrees(build(tmp_path, monkeypatch, source.replace(old, new), vnni=True), kind)
+
+
+def test_the_product_refuses_what_does_not_fit():
+    needs_kernel()
+    raw = blocks(4, 32, 256)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        kquant.KQuantLinear(raw, 4, 200, 32)
+    with pytest.raises(ValueError, match="take"):
+        kquant.KQuantLinear(raw[:16], 4, 256, 32)
+    packed = kquant.pack(raw, 4, 32, 256)
+    with pytest.raises(ValueError, match="do not match"):
+        kquant.product(packed, 4, torch.randn(2, 512), 32)
+    with pytest.raises(ValueError, match="do not match"):
+        kquant.product(packed, 4, torch.randn(2, 256), 32, torch.randn(31))

@@ -347,6 +347,8 @@ mostra o primeiro token em que as saídas se separam e o logit do alvo para cada
     # the pair's weights, in the status line
     "weights_int8": ("int8, exact: the same logits in a step and in a pass",
                      "int8, exato: os mesmos logits num passo e numa passada"),
+    "weights_blocks": ("Q4_K_M blocks of its GGUF file, exact: the same logits in a step and in a pass ({kernel})",
+                       "blocos Q4_K_M do seu arquivo GGUF, exato: os mesmos logits num passo e numa passada ({kernel})"),
     "weights_prepacked": (", prepacked", ", pré-empacotado"),
     # refusals of the app's own
     "pair_format": ("A custom pair is written TARGET_ID,DRAFT_ID (for example "

@@ -28,6 +28,8 @@ class Weights(NamedTuple):
 
     def text(self, lang: str) -> str:
         kind = t("weights_int8", lang) if self.kind == "int8" else self.kind
+        if self.kind.startswith("blocks:"):
+            kind = t("weights_blocks", lang, kernel=self.kind.partition(":")[2])
         return kind + (t("weights_prepacked", lang) if self.prepacked else "")
 
 

@@ -27,7 +27,8 @@
 #define Q6_RAW 210
 #define Q4_PACKED 2368
 #define Q6_PACKED 3360
-#define ROWS 4 /* rows per tile: each weight is read once for up to ROWS rows */
+#define ROWS 6 /* rows per tile: each weight is read once for up to ROWS rows */
+#define AHEAD 2048 /* bytes of weights prefetched ahead: hardware prefetching alone leaves the loads waiting */
 
 /* ---- the file's blocks -> plain values ---- */
 
@@ -175,17 +176,17 @@ INLINE void q4_tile(const uint8_t* w, int nb, const Rows* x, int K, int m0, cons
     const __m512i low = _mm512_set1_epi8(15), half = _mm512_set1_epi32(0xffff);
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++, w += Q4_PACKED) {
-        __m512i isum[ROWS], msum[ROWS];
-        for (int r = 0; r < rows; r++) isum[r] = msum[r] = _mm512_setzero_si512();
+        __m512i isum[ROWS];
+        for (int r = 0; r < rows; r++) isum[r] = _mm512_setzero_si512();
         for (int p = 0; p < 4; p++) {
             const __m512i scs = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(w + 64 + p * 32)));
-            const __m512i mins = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(w + 192 + p * 32)));
             for (int h = 0; h < 2; h++) {
                 const int j = 2 * p + h;
                 const __m512i sc = h ? _mm512_srli_epi32(scs, 16) : _mm512_and_si512(scs, half);
                 __m512i dot[ROWS];
                 for (int r = 0; r < rows; r++) dot[r] = _mm512_setzero_si512();
                 for (int c = 4 * j; c < 4 * j + 4; c++) {
+                    _mm_prefetch((const char*)(w + 320 + c * 64 + AHEAD), _MM_HINT_T0);
                     const __m512i v = _mm512_loadu_si512(w + 320 + c * 64);
                     const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
                     for (int r = 0; r < rows; r++) {
@@ -196,37 +197,45 @@ INLINE void q4_tile(const uint8_t* w, int nb, const Rows* x, int K, int m0, cons
                 }
                 for (int r = 0; r < rows; r++) isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(dot[r], sc));
             }
-            for (int r = 0; r < rows; r++)
-                msum[r] = _mm512_dpwssd_epi32(msum[r], mins, _mm512_set1_epi32(x->p32[((size_t)(m0 + r) * nb + b) * 4 + p]));
         }
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)w));
         const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(w + 32)));
-        for (int r = 0; r < rows; r++) {
+        for (int r = 0; r < rows; r++) {  /* the mins' term: sum_j m_j * xsum_j, two sub-blocks an instruction */
+            __m512i msum = _mm512_setzero_si512();
+            for (int p = 0; p < 4; p++)
+                msum = _mm512_dpwssd_epi32(msum, _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(w + 192 + p * 32))),
+                                           _mm512_set1_epi32(x->p32[((size_t)(m0 + r) * nb + b) * 4 + p]));
             const __m512 v = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(isum[r])),
-                                           _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(msum[r])));
+                                           _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(msum)));
             acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(v, _mm512_set1_ps(x->dx[(size_t)(m0 + r) * nb + b])));
         }
     }
 }
 
 INLINE void q6_tile(const uint8_t* w, int nb, const Rows* x, int K, int m0, const int rows, __m512* acc) {
-    const __m512i low = _mm512_set1_epi8(15), top2 = _mm512_set1_epi8(0x30);
+    const __m512i low = _mm512_set1_epi8(15), crumbs02 = _mm512_set1_epi8(0x33), crumbs13 = _mm512_set1_epi8((char)0xCC);
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++, w += Q6_PACKED) {
-        __m512i isum[ROWS], csum[ROWS];
-        for (int r = 0; r < rows; r++) isum[r] = csum[r] = _mm512_setzero_si512();
+        __m512i isum[ROWS];
+        for (int r = 0; r < rows; r++) isum[r] = _mm512_setzero_si512();
         for (int p = 0; p < 8; p++) {
             const __m512i scs = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(w + 32 + p * 32)));
             for (int h = 0; h < 2; h++) {
                 const int s = 2 * p + h;
                 const __m512i sc = h ? _mm512_srai_epi32(scs, 16) : _mm512_srai_epi32(_mm512_slli_epi32(scs, 16), 16);
+                _mm_prefetch((const char*)(w + 288 + 2 * s * 64 + AHEAD), _MM_HINT_T0);
+                _mm_prefetch((const char*)(w + 288 + (2 * s + 1) * 64 + AHEAD), _MM_HINT_T0);
+                _mm_prefetch((const char*)(w + 2336 + s * 64 + AHEAD), _MM_HINT_T0);
                 const __m512i qh = _mm512_loadu_si512(w + 2336 + s * 64);
                 const __m512i v0 = _mm512_loadu_si512(w + 288 + 2 * s * 64), v1 = _mm512_loadu_si512(w + 288 + (2 * s + 1) * 64);
+                /* crumbs 0 and 2 (bits 0-1, 4-5), 1 and 3 (2-3, 6-7) of qh, each moved to bits 4-5 over the nibble:
+                   (A & 0x0F) | (B & 0xF0) is one vpternlogd (0xCA: the mask picks A, else B), and what a 16-bit shift brings in stays out */
+                const __m512i qa = _mm512_and_si512(qh, crumbs02), qb = _mm512_and_si512(qh, crumbs13);
                 const __m512i q[4] = {
-                    _mm512_or_si512(_mm512_and_si512(v0, low), _mm512_and_si512(_mm512_slli_epi16(qh, 4), top2)),
-                    _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v0, 4), low), _mm512_and_si512(_mm512_slli_epi16(qh, 2), top2)),
-                    _mm512_or_si512(_mm512_and_si512(v1, low), _mm512_and_si512(qh, top2)),
-                    _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v1, 4), low), _mm512_and_si512(_mm512_srli_epi16(qh, 2), top2)),
+                    _mm512_ternarylogic_epi32(low, v0, _mm512_slli_epi16(qa, 4), 0xCA),
+                    _mm512_ternarylogic_epi32(low, _mm512_srli_epi16(v0, 4), _mm512_slli_epi16(qb, 2), 0xCA),
+                    _mm512_ternarylogic_epi32(low, v1, qa, 0xCA),
+                    _mm512_ternarylogic_epi32(low, _mm512_srli_epi16(v1, 4), _mm512_srli_epi16(qb, 2), 0xCA),
                 };
                 for (int r = 0; r < rows; r++) {
                     const int32_t* xr = (const int32_t*)(x->q + (size_t)(m0 + r) * K + b * QK + 16 * s);
@@ -237,12 +246,14 @@ INLINE void q6_tile(const uint8_t* w, int nb, const Rows* x, int K, int m0, cons
                     isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(dot, sc));
                 }
             }
-            for (int r = 0; r < rows; r++)
-                csum[r] = _mm512_dpwssd_epi32(csum[r], scs, _mm512_set1_epi32(x->p16[((size_t)(m0 + r) * nb + b) * 8 + p]));
         }
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)w));
-        for (int r = 0; r < rows; r++) {
-            const __m512i total = _mm512_sub_epi32(isum[r], _mm512_slli_epi32(csum[r], 5));
+        for (int r = 0; r < rows; r++) {  /* the offset's term: 32 sum_j sc_j * xsum_j, two sub-blocks an instruction */
+            __m512i csum = _mm512_setzero_si512();
+            for (int p = 0; p < 8; p++)
+                csum = _mm512_dpwssd_epi32(csum, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(w + 32 + p * 32))),
+                                           _mm512_set1_epi32(x->p16[((size_t)(m0 + r) * nb + b) * 8 + p]));
+            const __m512i total = _mm512_sub_epi32(isum[r], _mm512_slli_epi32(csum, 5));
             const __m512 v = _mm512_mul_ps(d, _mm512_cvtepi32_ps(total));
             acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(v, _mm512_set1_ps(x->dx[(size_t)(m0 + r) * nb + b])));
         }
@@ -251,7 +262,8 @@ INLINE void q6_tile(const uint8_t* w, int nb, const Rows* x, int K, int m0, cons
 
 #define TILE(fn) \
     switch (rows) { case 1: fn(w, nb, x, K, m0, 1, acc); break; case 2: fn(w, nb, x, K, m0, 2, acc); break; \
-                    case 3: fn(w, nb, x, K, m0, 3, acc); break; default: fn(w, nb, x, K, m0, ROWS, acc); }
+                    case 3: fn(w, nb, x, K, m0, 3, acc); break; case 4: fn(w, nb, x, K, m0, 4, acc); break; \
+                    case 5: fn(w, nb, x, K, m0, 5, acc); break; default: fn(w, nb, x, K, m0, ROWS, acc); }
 
 static void group(const uint8_t* w, int nb, const Rows* x, int K, int M, int kind, const float* bias, float* y, int N, int g) {
     for (int m0 = 0; m0 < M; m0 += ROWS) {

@@ -103,8 +103,8 @@ class KQuantLinear(nn.Module):
 
     @property
     def weight(self) -> torch.Tensor:
-        """Only its shape is real (what callers read of a Linear's weight: its rows); the values are in `packed`."""
-        return torch.empty(self.out_features, self.in_features, device="meta")
+        """Only its shape and device are real (what callers read of a Linear's weight); the values are in `packed`."""
+        return torch.zeros(1).expand(self.out_features, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = product(self.packed, self.kind, x.reshape(-1, self.in_features), self.out_features, self.bias)
@@ -127,12 +127,12 @@ class KQuantEmbedding(nn.Module):
 
     def __init__(self, raw, kind: int, num: int, dim: int):
         super().__init__()
-        self.raw, self.kind, self.num, self.dim = as_bytes(raw), kind, num, dim
+        self.raw, self.kind, self.num, self.dim = as_bytes(raw).clone(), kind, num, dim  # not a view of a mapped file
         check_shape(kind, num - num % 16, dim, self.raw[: (num - num % 16) * dim // QK * RAW[kind]])
 
     @property
     def weight(self) -> torch.Tensor:
-        return torch.empty(self.num, self.dim, device="meta")
+        return torch.zeros(1).expand(self.num, self.dim)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return dequantise_rows(self.raw, self.kind, self.dim, ids.reshape(-1)).reshape(*ids.shape, self.dim)

@@ -9,6 +9,7 @@ import torch
 from ..cache import PADDED_SIZES, CompiledForward
 from ..messages import Refusal
 from .attention import GROUPED, ROWS
+from .kquant import library as kquant_library
 from .pair import Pair, Progress, check_tokenizers, make_pair, pick_device, pick_dtype
 from .step import DecodeStep
 
@@ -22,12 +23,12 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     "auto" (docs/benchmarks.md has the measurements):
     draft_quant: a quantised draft on CPUs (quant_mode: see quant.cheapen_draft). It changes the
     draft's speed and guesses, never the output.
-    target_quant: "int8" (the default on CPUs, "auto", but for the tiny test pair): int8 weights and per-token int8
-    activations, each row's attention as a step's, float32 elsewhere (quant.quantise_target). A position's logits are
-    then the same, bit for bit, in a one-token step and in any verification pass, so greedy speculative output is plain
-    decoding's on every prompt. Both decoders share it; it is another target than the weights as loaded. "int8:KERNEL"
-    picks its product instead of the CPU's default (quant.TokenInt8Linear: vnni, onednn or fbgemm). "off":
-    the weights as loaded (bfloat16 on most CPUs: faster to verify, but near-ties can part the two outputs).
+    target_quant: how the target computes on CPUs. "auto": the bundled target on its GGUF's own Q4_K/Q6_K blocks
+    (kquant.py), any other on int8 weights (quant.quantise_target), but for the tiny test pair. Either way a position's
+    logits are the same, bit for bit, in a one-token step and in any verification pass, so greedy speculative output is
+    plain decoding's on every prompt. "int8" or "int8:KERNEL" (quant.TokenInt8Linear: vnni, onednn or fbgemm): int8
+    weights from the target's values. "off": the values as loaded, in `dtype` (bfloat16 on most CPUs: near-ties can part
+    the two outputs).
     graphs: on CUDA, decoding steps compiled with CUDA graphs ("inductor"; also "cudagraphs", "off") over
     static caches of `max_len` positions (cache.CompiledForward); the context is capped to fit them.
     """
@@ -53,8 +54,9 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
                          f"got {target_quant!r}")
     as_built = target == "tiny"  # the tiny test pair runs as built: tests compare it with models built the same way
     if quant == "auto":
-        quant = target_quant = "int8" if dev.type == "cpu" and not as_built else "off"
-    folders = {}  # the bundled models keep their quantised weights beside their own
+        on_blocks = "blocks" if target == "bundled" else "int8"
+        quant = target_quant = on_blocks if dev.type == "cpu" and not as_built else "off"
+    saved = (None, "")  # where the bundled draft's quantised weights are kept, and what they are made from
     if as_built:
         from .tiny import tiny_models
         t, d, tok = tiny_models()
@@ -63,18 +65,17 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
                          {"target": "tiny-target", "draft": "tiny-draft (perturbed copy)"})
         draft_quant = False
     elif target == "bundled":
-        from .bundled import MANIFEST, load_bundled
-        pair, folders = load_bundled(dev, dt, progress, cache_dir)
+        from .bundled import DRAFT, load_bundled
+        pair, draft_file = load_bundled(dev, dt, progress, cache_dir, exact=quant == "blocks")
+        saved = (draft_file.with_name(f"{draft_file.name}-{quant_mode}.safetensors"), DRAFT.sha256)
     elif draft is None:
         raise Refusal("custom_pair_ids")
     else:
         pair = load_hub_pair(target, draft, dev, dt, progress)
 
     cpu_bf16 = dev.type == "cpu" and dt == torch.bfloat16
-    saved = lambda role, name: (folders[role] / name, (folders[role] / MANIFEST).read_text()) if folders else (None, "")
     if pair.draft is not None and (draft_quant is True or (draft_quant == "auto" and dev.type == "cpu")):
-        path, source = saved("draft", f"draft-{quant_mode}.safetensors")
-        cheapen_draft(pair.draft, mode=quant_mode, saved=path, source=source)
+        cheapen_draft(pair.draft, mode=quant_mode, saved=saved[0], source=saved[1])
         pair.info["draft_quant"] = quant_label(pair.draft, quant_mode)
         int4 = {"vnni" if m.tiles is not None else "torch" for m in pair.draft.modules() if isinstance(m, Int4Linear)}
         if int4:
@@ -86,10 +87,13 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
         if DecodeStep.fits(pair.draft):  # its decoding steps written out (step.py); prompts and trees as above
             pair.steps["draft"] = DecodeStep(pair.draft)
     pair.info["target_weights"], pair.info["target_quant"] = str(dt).replace("torch.", ""), target_quant
+    if quant == "blocks":
+        pair.target.set_attn_implementation(ROWS)  # each row's attention as a step computes it (attention.py)
+        pair.info["target_weights"] = f"blocks:{kquant_build()}"  # exact: the same logits in a step and in a pass
     if quant == "int8":
         if dev.type != "cpu":
             raise ValueError("target_quant='int8' runs on CPUs only.")
-        quantise_target(pair.target, *saved("target", "target-int8.safetensors"), kernel=kernel or None)
+        quantise_target(pair.target, kernel=kernel or None)
         pair.info["target_weights"] = "int8"  # exact: the same logits in a step and in a pass
         pair.info["target_int8"] = "/".join(sorted({m.kernel for m in pair.target.modules() if isinstance(m, TokenInt8Linear)}))
     if cpu_bf16 and not as_built:  # every remaining Linear weight prepacked for oneDNN (same numbers, faster)
@@ -108,6 +112,10 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     if backend != "off":
         enable_graphs(pair, backend, max_len, progress)
     return pair
+
+
+def kquant_build() -> str:
+    return kquant_library()[1]
 
 
 def own_memory(model: torch.nn.Module) -> None:

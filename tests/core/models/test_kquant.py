@@ -149,8 +149,8 @@ MUTANTS = {  # a planted bug: (kind it breaks, old text, new text), each in one 
                                         "                        dot[r] = _mm512_dpbusd_epi32(dot[r], hi, _mm512_set1_epi32(xr[1]));",
                                     "dot[r] = _mm512_dpbusd_epi32(dot[r], hi, _mm512_set1_epi32(xr[0]));\n"
                                     "                        dot[r] = _mm512_dpbusd_epi32(dot[r], lo, _mm512_set1_epi32(xr[1]));"),
-    "Q6_K's high bits one place off": (6, "_mm512_and_si512(_mm512_slli_epi16(qh, 2), top2)", "_mm512_and_si512(_mm512_slli_epi16(qh, 3), top2)"),
-    "Q6_K's offset of 32 forgotten": (6, "_mm512_slli_epi32(csum[r], 5)", "_mm512_slli_epi32(csum[r], 4)"),
+    "Q6_K's high bits one place off": (6, "_mm512_slli_epi16(qb, 2)", "_mm512_slli_epi16(qb, 3)"),
+    "Q6_K's offset of 32 forgotten": (6, "_mm512_slli_epi32(csum, 5)", "_mm512_slli_epi32(csum, 4)"),
     "a tile's rows all read its first (Q4_K)": (4, "x->q + (size_t)(m0 + r) * K + b * QK + 8 * c", "x->q + (size_t)m0 * K + b * QK + 8 * c"),
     "a packed scale from the wrong output": (4, "dst[64 + p * 32 + o * 2] = sc[2 * p]", "dst[64 + p * 32 + (o ^ 1) * 2] = sc[2 * p]"),
 }

@@ -51,6 +51,9 @@ def pack(q: torch.Tensor, step: torch.Tensor, low: torch.Tensor) -> torch.Tensor
 
 def product(tiles: torch.Tensor, x: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
     """x [M, K] bfloat16 -> [M, N] bfloat16."""
+    if x.dim() != 2 or x.shape[1] != in_features or x.dtype != torch.bfloat16 or tiles.dtype != torch.uint8 \
+            or tiles.shape[:2] != (-(-out_features // 4), -(-in_features // 128)):
+        raise ValueError(f"the int4 product takes bfloat16 rows of {in_features}, got {x.dtype} {tuple(x.shape)}")
     x = x.contiguous()
     y = torch.empty(len(x), out_features, dtype=torch.bfloat16)
     if library()[0].int4_vnni_mm(tiles.data_ptr(), x.data_ptr(), len(x), out_features, in_features, y.data_ptr(),

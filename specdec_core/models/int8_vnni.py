@@ -51,6 +51,8 @@ class Int8Product:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] float32 -> [M, N] float32."""
+        if x.dim() != 2 or x.shape[1] != self.in_features or x.dtype != torch.float32:
+            raise ValueError(f"the int8 product takes float32 rows of {self.in_features}, got {x.dtype} {tuple(x.shape)}")
         x = x.contiguous()
         y = torch.empty(len(x), len(self.scale))
         lib = library()[0]

@@ -157,13 +157,17 @@ class FakeLlama:
         yield from self.stream
 
 
-def test_the_peer_decodes_until_eos_or_the_token_cap(monkeypatch):
-    from specdec_core.bench.peer import LlamaCppPeer
+def test_the_peer_decodes_exactly_our_token_count_past_its_eos_with_the_prompt_timed_apart(monkeypatch):
+    """Like for like: the peer writes as many tokens as we did (its end of sequence does not stop it), and its first
+    token (the prompt's pass) is timed apart from its decoding."""
+    from specdec_core.bench.peer import LlamaCppPeer, agreeing
 
     peer = LlamaCppPeer([9], model=FakeLlama([5, 6, 7, 9, 4, 4]))
-    run = peer.generate([1, 2], SpecConfig(max_new_tokens=10))
-    assert run["token_ids"] == [5, 6, 7, 9] and run["tokens"] == 4 and run["tokens_per_s"] > 0
-    assert peer.generate([1, 2], SpecConfig(max_new_tokens=2))["token_ids"] == [5, 6] and peer.model.resets == 2
+    run = peer.generate([1, 2], SpecConfig(max_new_tokens=10), tokens=5)
+    assert run["token_ids"] == [5, 6, 7, 9, 4] and run["tokens"] == 5
+    assert 0 < run["prompt_s"] < run["seconds"] and run["decode_tokens_per_s"] == 4 / (run["seconds"] - run["prompt_s"])
+    assert peer.generate([1, 2], SpecConfig(max_new_tokens=2), tokens=2)["token_ids"] == [5, 6] and peer.model.resets == 2
+    assert agreeing([5, 6, 7, 9], [5, 6, 8, 9]) == 2 and agreeing([5], [5, 6]) == 1
     monkeypatch.setitem(__import__("sys").modules, "llama_cpp", None)  # not installed: a clear message
     with pytest.raises(RuntimeError, match="pip install llama-cpp-python"):
         LlamaCppPeer([9])

@@ -1,5 +1,5 @@
-"""The bundled pair: its cache, on a tiny stand-in (fast), and the real pair, its target exact int8 from float32 (slow)."""
-import json
+"""The bundled pair: its files and cache, on stand-ins (fast), and the real pair, its target exact on its GGUF's blocks (slow)."""
+import copy
 
 import pytest
 import torch
@@ -33,7 +33,7 @@ def test_greedy_speculative_equals_the_targets_own_greedy_output(bundled_pair, p
 @pytest.mark.bundled
 @pytest.mark.parametrize("context", [128, 1030])
 def test_the_default_target_gives_a_position_the_same_logits_in_a_step_and_in_any_pass(bundled_pair, context):
-    """The CPU default (the exact int8 target): 17 positions fed one at a time, as plain decoding does, against the
+    """The CPU default (the target on its file's Q4_K/Q6_K blocks): 17 positions fed one at a time, as plain decoding does, against the
     same positions in one chain pass, and a tree's branch against its tokens fed alone: equal bit for bit."""
     from .test_quant import logits_alone_and_in_a_pass
 
@@ -42,64 +42,56 @@ def test_the_default_target_gives_a_position_the_same_logits_in_a_step_and_in_an
     assert torch.equal(alone, chain) and torch.equal(branch, branch_alone)
 
 
-FAKE = bundled.BundledModel("fake", "fake", "none", 1, "0" * 64, 4)
-NO_PROGRESS = lambda f, m: None  # noqa: E731
+def test_the_parts_are_checked_against_the_pinned_sha256_before_they_are_read(tmp_path, monkeypatch):
+    import hashlib
+
+    parts = [tmp_path / "p1", tmp_path / "p2"]
+    parts[0].write_bytes(b"GGUF" + b"x" * 100)
+    parts[1].write_bytes(b"y" * 50)
+    good = hashlib.sha256(parts[0].read_bytes() + parts[1].read_bytes()).hexdigest()
+    monkeypatch.setattr(bundled, "part_paths", lambda m: parts)
+    model = bundled.BundledModel("test", "test", "none", 2, good, 154)
+    assert bundled.checked_parts(model) == parts
+    parts[1].write_bytes(b"z" * 50)  # one byte of a part changed: same size
+    with pytest.raises(RuntimeError, match="Checksum mismatch for test"):
+        bundled.checked_parts(model)
 
 
-@pytest.fixture()
-def fake_cache(tmp_path, monkeypatch):
-    """A cache root whose "GGUF" is a tiny model: build() saves it, counting how often it runs."""
-    target, _, tok = tiny_models()
-    builds = []
-
-    def build(gguf, folder, dtype):
-        builds.append(folder.name)
-        target.to(dtype).save_pretrained(folder)
-        tok.save_pretrained(folder)
-
-    monkeypatch.setattr(bundled, "assemble", lambda m, dest, progress: dest.write_bytes(b"GGUF"))
-    load = lambda: bundled.load_model(FAKE, tmp_path, torch.bfloat16, NO_PROGRESS, build)  # noqa: E731
-    return tmp_path, load, builds, target
+def test_converted_copies_of_earlier_versions_are_removed_and_nothing_else(tmp_path):
+    for name in (f"{bundled.TARGET.slug}-bfloat16", bundled.DRAFT.slug, f"{bundled.DRAFT.slug}-float32"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / bundled.MANIFEST).write_text("{}")
+    (tmp_path / f"{bundled.TARGET.slug}-mine").mkdir()  # not ours: no manifest
+    (tmp_path / "kernels").mkdir()
+    bundled.remove_old_layouts(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kernels", f"{bundled.TARGET.slug}-mine"]
 
 
-def test_the_cache_is_built_once_in_the_dtype_used(fake_cache):
-    root, load, builds, target = fake_cache
-    model, folder = load()
-    assert folder == root / "fake-bfloat16" and builds == ["fake-bfloat16.partial"]
-    assert model.dtype == torch.bfloat16 and torch.equal(model.lm_head.weight, target.lm_head.weight.bfloat16())
-    assert sorted(p.name for p in root.iterdir()) == ["fake-bfloat16"]  # no GGUF, no float32 copy, no leftovers
-    for saved in ("draft-int4.safetensors", "target-int8.safetensors"):  # quantised weights kept beside it
-        (folder / saved).write_bytes(b"checked on their own")
-    load()
-    assert len(builds) == 1
+@pytest.mark.parametrize("damage", ["a flipped byte", "truncated", "no digest"])
+def test_a_damaged_quantised_draft_is_made_again_never_loaded(tmp_path, damage):
+    """The draft's int4 weights are kept in the cache: one flipped byte in their data (the size and the metadata
+    unchanged) is found by the digest written with them, and the file is made again from the model."""
+    from specdec_core.models.quant import cheapen_draft
 
+    _, draft, _ = tiny_models()
+    path = tmp_path / "draft-int4.safetensors"
+    x = torch.randn(3, 64)
 
-@pytest.mark.parametrize("damage", ["truncated", "garbled", "interrupted", "no manifest"])
-def test_a_damaged_cache_is_rebuilt_never_loaded(fake_cache, damage):
-    root, load, builds, target = fake_cache
-    _, folder = load()
-    weights = folder / "model.safetensors"
-    if damage == "truncated":
-        weights.write_bytes(weights.read_bytes()[:1000])
-    elif damage == "garbled":  # same size, so only loading it can tell
-        weights.write_bytes(b"x" * weights.stat().st_size)
-    elif damage == "interrupted":  # a first start stopped while building: only the .partial folder is there
-        folder.rename(folder.with_name(folder.name + ".partial"))
+    def made():
+        model = cheapen_draft(copy.deepcopy(draft).to(torch.bfloat16), saved=path, source="tiny")
+        with torch.inference_mode():
+            return model.model.layers[0].mlp.up_proj(x.bfloat16())
+
+    want = made()
+    digest = path.with_name(path.name + ".sha256").read_text()
+    data = bytearray(path.read_bytes())
+    if damage == "a flipped byte":
+        data[-100] ^= 0x10
+        path.write_bytes(bytes(data))
+    elif damage == "truncated":
+        path.write_bytes(bytes(data[:-100]))
     else:
-        (folder / "specdec.json").unlink()
-    model, again = load()
-    assert again == folder and len(builds) == 2
-    assert torch.equal(model.lm_head.weight, target.lm_head.weight.bfloat16())
-    assert not folder.with_name(folder.name + ".partial").exists()
-
-
-def test_a_cache_of_the_first_layout_is_adopted_and_its_float32_copy_removed(fake_cache):
-    root, load, builds, target = fake_cache
-    stamp = json.dumps({"format": 1, "gguf_sha256": FAKE.sha256, "weights_bytes": 1})
-    for name, dtype in (("fake", torch.float32), ("fake-bfloat16", torch.bfloat16)):  # as the first layout left them
-        target.to(dtype).save_pretrained(root / name)
-        (root / name / "specdec.json").write_text(stamp)
-    model, folder = load()
-    assert builds == [] and folder == root / "fake-bfloat16" and not (root / "fake").exists()
-    assert json.loads((folder / "specdec.json").read_text())["format"] == bundled.FORMAT
-    assert torch.equal(model.lm_head.weight, target.lm_head.weight.bfloat16())
+        path.with_name(path.name + ".sha256").unlink()
+    stamp = path.stat().st_mtime_ns
+    assert torch.equal(made(), want)
+    assert path.stat().st_mtime_ns != stamp and path.with_name(path.name + ".sha256").read_text() == digest

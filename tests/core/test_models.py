@@ -82,25 +82,6 @@ def test_the_same_model_as_draft_and_target(model_dirs):
     assert out.token_ids == generate(pair, "hello", SpecConfig(k=4, max_new_tokens=20), "autoregressive").token_ids
 
 
-def test_bundled_parts_are_checked_against_the_pinned_sha256(tmp_path, monkeypatch):
-    import hashlib
-
-    from specdec_core.models import bundled
-
-    parts = [tmp_path / "p1", tmp_path / "p2"]
-    parts[0].write_bytes(b"GGUF" + b"x" * 100)
-    parts[1].write_bytes(b"y" * 50)
-    good = hashlib.sha256(parts[0].read_bytes() + parts[1].read_bytes()).hexdigest()
-    monkeypatch.setattr(bundled, "part_paths", lambda m: parts)
-    model = bundled.BundledModel("test", "test", "none", 2, good, 154)
-    bundled.assemble(model, tmp_path / "ok.gguf", lambda f, m: None)
-    assert (tmp_path / "ok.gguf").read_bytes() == parts[0].read_bytes() + parts[1].read_bytes()
-    parts[1].write_bytes(b"z" * 50)  # a tampered part
-    with pytest.raises(RuntimeError, match="Checksum mismatch"):
-        bundled.assemble(model, tmp_path / "bad.gguf", lambda f, m: None)
-    assert not (tmp_path / "bad.gguf").exists() and not (tmp_path / "bad.partial").exists()
-
-
 def test_unknown_graphs_mode_is_refused_before_loading():
     with pytest.raises(ValueError, match="graphs must be"):
         load_pair("bundled", graphs="fast")

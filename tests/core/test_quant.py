@@ -435,18 +435,15 @@ def test_compiled_steps_refuse_to_replace_the_exact_targets_attention():
     assert pair.target.config._attn_implementation == "specdec_rows" and not pair.compiled
 
 
-def test_a_kernel_built_again_from_a_new_source_leaves_one_file(monkeypatch, tmp_path):
-    """Each version of a kernel's source builds a file of its own; the one it replaces goes, other kernels stay."""
+def test_a_kernel_built_from_another_source_or_with_other_flags_leaves_the_other_builds(monkeypatch, tmp_path):
+    """A cache may be shared by versions of the code and CPUs: a build never removes another build's file."""
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
-    source, other = tmp_path / "kernel.c", tmp_path / "other.c"
-    other.write_text("int other(void) { return 2; }")
-    assert native.build(other, ["-O1", "-shared", "-fPIC"], set())[0] is not None
-    for version in (1, 2, 2):
+    source = tmp_path / "kernel.c"
+    for version, flags in ((1, ["-O1"]), (2, ["-O1"]), (2, ["-O2"]), (1, ["-O1"])):
         source.write_text(f"int version(void) {{ return {version}; }}")
-        lib, why = native.build(source, ["-O1", "-shared", "-fPIC"], set())
+        lib, why = native.build(source, [*flags, "-shared", "-fPIC"], set())
         assert why == "" and lib.version() == version
-    built = sorted(p.name.split("-")[0] for p in (tmp_path / "kernels").glob("*.so"))
-    assert built == ["kernel", "other"]
+    assert len(list((tmp_path / "kernels").glob("kernel-*.so"))) == 3
 
 
 def test_where_the_int4_kernel_cannot_be_built_the_draft_keeps_pytorchs_and_says_why(monkeypatch, tmp_path):
@@ -554,3 +551,17 @@ def test_the_written_out_draft_step_follows_the_general_forward(tiny):
     # Ours takes blocks of 4 rows: q/k/v are one product too
     own = quant.int4_kernel() == "vnni"
     assert [step.layers[0][i].fused for i in (1, 4)] == [own, True]
+
+
+def test_the_kernels_wrappers_refuse_rows_of_another_shape_or_type():
+    """A ctypes call reads what it is given: rows of another width would be read past their end."""
+    if int4_vnni.library()[0] is None or int8_vnni.library()[0] is None:
+        pytest.skip("our int4 and int8 products cannot be built here")
+    int4 = quant.Int4Linear(torch.nn.Linear(64, 32).bfloat16(), kernel="vnni")
+    with pytest.raises(ValueError, match="bfloat16 rows of 64"):
+        int4.matmul(torch.randn(2, 128).bfloat16())
+    with pytest.raises(ValueError, match="bfloat16 rows of 64"):
+        int4_vnni.product(int4.tiles, torch.randn(2, 64), 32, 64)
+    int8 = int8_vnni.Int8Product(torch.ones(32, 64, dtype=torch.int8), torch.ones(32, dtype=torch.float64), None)
+    with pytest.raises(ValueError, match="float32 rows of 64"):
+        int8(torch.randn(2, 96))

@@ -1,0 +1,147 @@
+"""Models read from GGUF files as they are: a tiny Qwen2 written here with Q4_K/Q6_K blocks (gguf's writer), read
+whole or from parts, exact in steps and passes, lossless in speculative decoding."""
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from gguf import GGUFWriter
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from specdec_core import SpecConfig, generate
+from specdec_core.models import Pair, gguf_model, kquant
+from specdec_core.models.attention import ROWS
+
+from ...conftest import FLAT_COSTS
+from ..test_quant import logits_alone_and_in_a_pass
+
+GGUF_NAMES = {v: k for k, v in gguf_model.HF_NAMES.items()}
+Q6 = ("attn_v", "ffn_down")  # as in a Q4_K_M file: these in Q6_K (with the head), the rest in Q4_K
+
+
+def needs_kernel():
+    if kquant.library()[0] is None:
+        pytest.skip(f"the Q4_K/Q6_K product cannot be built here: {kquant.library()[1]}")
+
+
+def random_model(seed: int, vocab: int = 272) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, initializer_range=0.1, tie_word_embeddings=False, max_position_embeddings=4096,
+                      rms_norm_eps=1e-6, rope_parameters={"rope_theta": 10000.0, "rope_type": "default"})
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+def write_gguf(model: Qwen2ForCausalLM, path) -> None:
+    """The model as a Q4_K_M-like GGUF file."""
+    c = model.config
+    w = GGUFWriter(path, "qwen2")
+    for key, value in (("block_count", c.num_hidden_layers), ("context_length", c.max_position_embeddings),
+                       ("embedding_length", c.hidden_size), ("feed_forward_length", c.intermediate_size),
+                       ("attention.head_count", c.num_attention_heads), ("attention.head_count_kv", c.num_key_value_heads)):
+        w.add_uint32(f"qwen2.{key}", value)
+    w.add_float32("qwen2.rope.freq_base", c.rope_parameters["rope_theta"])
+    w.add_float32("qwen2.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
+    w.add_uint32("tokenizer.ggml.eos_token_id", 3)
+    for name, t in model.state_dict().items():
+        t = t.detach().float()
+        parts = name.split(".")
+        if name == "model.embed_tokens.weight":
+            gname, kind = "token_embd.weight", 4
+        elif name == "lm_head.weight":
+            gname, kind = "output.weight", 6
+        elif name == "model.norm.weight":
+            gname, kind = "output_norm.weight", None
+        else:
+            part = GGUF_NAMES[".".join(parts[3:-1])]
+            gname, kind = f"blk.{parts[2]}.{part}.{parts[-1]}", (6 if part in Q6 else 4) if t.dim() == 2 else None
+        if kind is None:
+            w.add_tensor(gname, t.numpy())
+        else:
+            w.add_tensor(gname, kquant.quantise(t, kind).numpy(), raw_dtype=T.Q4_K if kind == 4 else T.Q6_K)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """(the whole file, the same bytes in three parts cut through tensors)."""
+    root = tmp_path_factory.mktemp("gguf")
+    write_gguf(random_model(0), root / "tiny.gguf")
+    data = (root / "tiny.gguf").read_bytes()
+    cuts = [0, len(data) // 3 + 7, 2 * len(data) // 3 + 1, len(data)]
+    parts = []
+    for i in range(3):
+        parts.append(root / f"part{i}.bin")
+        parts[-1].write_bytes(data[cuts[i]: cuts[i + 1]])
+    return root / "tiny.gguf", parts
+
+
+def test_the_target_on_its_blocks_computes_the_models_values(files):
+    """Against the same file's values in float32 (load_dense): the products round activations to int8, so close,
+    not equal; and every Linear runs on the file's blocks."""
+    needs_kernel()
+    exact, dense = gguf_model.load_target(files[0]), gguf_model.load_dense(files[0], torch.float32)
+    kinds = [m.kind for m in exact.modules() if isinstance(m, kquant.KQuantLinear)]
+    assert kinds.count(6) == 5 and kinds.count(4) == 10  # v and down in 2 layers, and the head; q, k, o, gate, up
+    ids = torch.tensor([[1, 5, 9, 200, 17, 4]])
+    with torch.inference_mode():
+        a, b = exact(ids).logits, dense(ids).logits
+    assert ((a - b).norm() / b.norm()).item() < 0.06  # int8 activations, through two random layers
+    assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+def test_a_file_read_from_its_parts_is_the_file(files):
+    needs_kernel()
+    whole, parts = gguf_model.GGUF(files[0]), gguf_model.GGUF(files[1])
+    assert whole.fields == parts.fields and whole.tensors == parts.tensors
+    spanning = [n for n, (_, _, offset, size) in parts.tensors.items()
+                if np.searchsorted(parts.starts, offset, side="right") != np.searchsorted(parts.starts, offset + size - 1, side="right")]
+    assert spanning  # the cuts run through tensors
+    for name in spanning:
+        assert torch.equal(whole.raw(name)[0], parts.raw(name)[0])
+    ids = torch.tensor([[1, 5, 9, 200]])
+    with torch.inference_mode():
+        assert torch.equal(gguf_model.load_target(files[0])(ids).logits, gguf_model.load_target(files[1])(ids).logits)
+
+
+def test_a_damaged_file_is_refused_with_its_name(tmp_path, files):
+    data = files[0].read_bytes()
+    (tmp_path / "short.gguf").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="short.gguf is cut short"):
+        gguf_model.GGUF(tmp_path / "short.gguf")
+    (tmp_path / "other.gguf").write_bytes(b"GGML" + data[4:])
+    with pytest.raises(ValueError, match="other.gguf is not a GGUF file"):
+        gguf_model.GGUF(tmp_path / "other.gguf")
+
+
+@pytest.fixture(scope="module")
+def exact_target(files):
+    needs_kernel()
+    model = gguf_model.load_target(files[1])
+    model.set_attn_implementation(ROWS)
+    return model
+
+
+@pytest.mark.parametrize("context", [57, 300])
+def test_the_target_on_its_blocks_gives_a_position_the_same_logits_alone_or_in_a_pass(exact_target, context):
+    alone, chain, tree, branch_alone = logits_alone_and_in_a_pass(exact_target, 272, context)
+    assert torch.equal(alone, chain) and torch.equal(tree, branch_alone)
+
+
+def test_speculative_decoding_on_the_blocks_is_plain_decoding(files, exact_target):
+    """A draft of other weights (a perturbed model in bfloat16), chains and trees, several K: greedy output is the
+    target's own, token for token, and sampled output with a seed is reproducible."""
+    from specdec_core.models.tiny import tiny_tokenizer
+
+    draft = random_model(1).to(torch.bfloat16)
+    pair = Pair("gguf", exact_target, draft, tiny_tokenizer(), 259, frozenset(), 4096, torch.device("cpu"),
+                torch.float32, pass_costs=FLAT_COSTS)
+    ar = generate(pair, "blocks", SpecConfig(max_new_tokens=40), "autoregressive").token_ids
+    for cfg in (SpecConfig(k=4, max_new_tokens=40), SpecConfig(k=8, max_new_tokens=40, tree_nodes=12)):
+        assert generate(pair, "blocks", cfg).token_ids == ar
+    sampled = SpecConfig(k=4, max_new_tokens=40, temperature=0.7, seed=5)
+    assert generate(pair, "blocks", sampled).token_ids == generate(dataclasses.replace(pair), "blocks", sampled).token_ids

@@ -18,7 +18,7 @@ from torch import nn
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 from transformers.initialization import no_init_weights
 
-from . import kquant
+from .kquant import GGML_TYPES, KQuantEmbedding, KQuantLinear, dequantise_rows, quantise
 
 HF_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
@@ -160,8 +160,8 @@ def dequantise(raw: torch.Tensor, kind: int, n: int, k: int) -> torch.Tensor:
         return raw.view(torch.float32).reshape(n, k).clone()
     if kind == T.F16:
         return raw.view(torch.float16).reshape(n, k).float()
-    if kind in kquant.GGML_TYPES:
-        return kquant.dequantise_rows(raw, kquant.GGML_TYPES[kind], k, torch.arange(n))
+    if kind in GGML_TYPES:
+        return dequantise_rows(raw, GGML_TYPES[kind], k, torch.arange(n))
     blocks = raw.reshape(n * k // 32, -1)
     d = blocks[:, :2].contiguous().view(torch.float16).float()
     if kind == T.Q8_0:  # d, 32 int8
@@ -224,9 +224,9 @@ def fill(model: nn.Module, f: GGUF, make_linear, make_embedding) -> nn.Module:
 def blocks_of(f: GGUF, name: str) -> tuple[torch.Tensor, int, int, int]:
     """A weight as Q4_K or Q6_K blocks: the file's own, or, for another type, its values as Q6_K blocks."""
     raw, kind, n, k = f.raw(name)
-    if kind in kquant.GGML_TYPES and n % 16 == 0:
-        return raw, kquant.GGML_TYPES[kind], n, k
-    return kquant.quantise(dequantise(raw, kind, n, k), 6).reshape(-1), 6, n, k
+    if kind in GGML_TYPES and n % 16 == 0:
+        return raw, GGML_TYPES[kind], n, k
+    return quantise(dequantise(raw, kind, n, k), 6).reshape(-1), 6, n, k
 
 
 def load_target(path: Path | list[Path]) -> Qwen2ForCausalLM:
@@ -236,12 +236,12 @@ def load_target(path: Path | list[Path]) -> Qwen2ForCausalLM:
 
     def linear(name, bias):
         raw, kind, n, k = blocks_of(f, name)
-        return kquant.KQuantLinear(raw, kind, k, n, bias)
+        return KQuantLinear(raw, kind, k, n, bias)
 
     def embedding(name):
         raw, kind, n, k = f.raw(name)
-        if kind in kquant.GGML_TYPES:
-            return kquant.KQuantEmbedding(raw, kquant.GGML_TYPES[kind], n, k)
+        if kind in GGML_TYPES:
+            return KQuantEmbedding(raw, GGML_TYPES[kind], n, k)
         return nn.Embedding.from_pretrained(dequantise(raw, kind, n, k), freeze=True)
     return fill(model, f, linear, embedding).float()
 

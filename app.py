@@ -22,8 +22,9 @@ def options(argv=None) -> argparse.Namespace:
     zero_gpu = env("SPACES_ZERO_GPU", "").lower() in ("1", "true")
     ap.add_argument("--graphs", default=env("SPECDEC_GRAPHS", "off" if zero_gpu else "auto"),
                     help="CUDA: compile decoding steps with CUDA graphs (auto = inductor on CUDA; off starts faster)")
-    ap.add_argument("--target-quant", default=env("SPECDEC_TARGET_QUANT", "auto"), choices=["auto", "off", "int8"],
-                    help="auto: on CPUs the exact int8 target (greedy output always plain decoding's); off: as loaded")
+    ap.add_argument("--target-quant", default=env("SPECDEC_TARGET_QUANT", "auto"), choices=["auto", "off", "int8", "blocks"],
+                    help="auto: on CPUs an exact target (greedy output always plain decoding's): the bundled one on its "
+                         "GGUF's Q4_K/Q6_K blocks, others int8; int8: int8 from its values; off: its values as loaded")
     ap.add_argument("--concurrency", type=int, default=int(env("SPECDEC_CONCURRENCY", "1")),
                     help="generations run at once (1 keeps timings fair on a CPU)")
     ap.add_argument("--queue-size", type=int, default=int(env("SPECDEC_QUEUE_SIZE", "32")))

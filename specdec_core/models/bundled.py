@@ -124,7 +124,7 @@ def remove_old_layouts(root: Path) -> None:
 def load_bundled(device: torch.device, dtype: torch.dtype, progress: Progress, cache_dir=None,
                  exact: bool = True) -> tuple[Pair, Path]:
     """The pair, read from the installed parts: the target exact on its file's blocks (exact=False: its values in
-    `dtype`), the draft's values in `dtype`; and the stem of the draft's quantised weights' file. The tokenizer is
+    `dtype`), the draft's values in `dtype`; and the cache folder. The tokenizer is
     made (first start) or checked on a thread beside."""
     root = Path(cache_dir or default_cache_dir())
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -147,4 +147,4 @@ def load_bundled(device: torch.device, dtype: torch.dtype, progress: Progress, c
     progress(1.0, "ready")
     pair = make_pair("bundled", target.to(device), draft.to(device), tok, device, dtype,
                      {"target": TARGET.name, "draft": DRAFT.name, "load_s": time.perf_counter() - t0})
-    return pair, root / DRAFT.slug  # where the draft's quantised weights are kept: <slug>-<mode>.safetensors
+    return pair, root  # where the models' quantised weights are kept

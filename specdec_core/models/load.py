@@ -23,12 +23,13 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     "auto" (docs/benchmarks.md has the measurements):
     draft_quant: a quantised draft on CPUs (quant_mode: see quant.cheapen_draft). It changes the
     draft's speed and guesses, never the output.
-    target_quant: how the target computes on CPUs. "auto": the bundled target on its GGUF's own Q4_K/Q6_K blocks
-    (kquant.py), any other on int8 weights (quant.quantise_target), but for the tiny test pair. Either way a position's
-    logits are the same, bit for bit, in a one-token step and in any verification pass, so greedy speculative output is
-    plain decoding's on every prompt. "int8" or "int8:KERNEL" (quant.TokenInt8Linear: vnni, onednn or fbgemm): int8
-    weights from the target's values. "off": the values as loaded, in `dtype` (bfloat16 on most CPUs: near-ties can part
-    the two outputs).
+    target_quant: how the target computes on CPUs, exact in "auto", "int8" and "blocks": a position's logits are the
+    same, bit for bit, in a one-token step and in any verification pass, so greedy speculative output is plain
+    decoding's on every prompt. "auto": "int8" on CPUs, but for the tiny test pair. "int8" or "int8:KERNEL"
+    (quant.TokenInt8Linear: vnni, onednn or fbgemm): int8 weights made from the target's values (for the bundled pair,
+    once, kept in the cache). "blocks": the bundled target on its GGUF's own Q4_K/Q6_K blocks (kquant.py): faster to
+    start and in a step, slower in a verification pass today. "off": the values as loaded, in `dtype` (bfloat16 on
+    most CPUs: near-ties can part the two outputs).
     graphs: on CUDA, decoding steps compiled with CUDA graphs ("inductor"; also "cudagraphs", "off") over
     static caches of `max_len` positions (cache.CompiledForward); the context is capped to fit them.
     """
@@ -49,14 +50,17 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
         quantise_target,
     )
     quant, _, kernel = target_quant.partition(":")
-    if quant not in ("auto", "off", "int8") or kernel and (quant != "int8" or kernel not in INT8_KERNELS):
-        raise ValueError(f"target_quant must be auto, off, int8 or int8:KERNEL ({', '.join(INT8_KERNELS)}), "
+    if quant not in ("auto", "off", "int8", "blocks") or kernel and (quant != "int8" or kernel not in INT8_KERNELS):
+        raise ValueError(f"target_quant must be auto, off, blocks, int8 or int8:KERNEL ({', '.join(INT8_KERNELS)}), "
                          f"got {target_quant!r}")
+    if quant == "blocks" and target != "bundled":
+        raise ValueError("target_quant='blocks' runs the bundled target on its GGUF's own blocks; other pairs have none")
     as_built = target == "tiny"  # the tiny test pair runs as built: tests compare it with models built the same way
     if quant == "auto":
-        on_blocks = "blocks" if target == "bundled" else "int8"
-        quant = target_quant = on_blocks if dev.type == "cpu" and not as_built else "off"
-    saved = (None, "")  # where the bundled draft's quantised weights are kept, and what they are made from
+        quant = target_quant = "int8" if dev.type == "cpu" and not as_built else "off"
+    if quant == "blocks" and kquant_library()[0] is None:
+        raise ValueError(f"target_quant='blocks' needs the Q4_K/Q6_K product, which cannot run here: {kquant_library()[1]}")
+    saved = {}  # role -> (the file of the bundled model's quantised weights, what they are made from)
     if as_built:
         from .tiny import tiny_models
         t, d, tok = tiny_models()
@@ -65,9 +69,10 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
                          {"target": "tiny-target", "draft": "tiny-draft (perturbed copy)"})
         draft_quant = False
     elif target == "bundled":
-        from .bundled import DRAFT, load_bundled
-        pair, draft_file = load_bundled(dev, dt, progress, cache_dir, exact=quant == "blocks")
-        saved = (draft_file.with_name(f"{draft_file.name}-{quant_mode}.safetensors"), DRAFT.sha256)
+        from .bundled import DRAFT, TARGET, load_bundled
+        pair, root = load_bundled(dev, dt, progress, cache_dir, exact=quant == "blocks")
+        saved = {"draft": (root / f"{DRAFT.slug}-{quant_mode}.safetensors", DRAFT.sha256),
+                 "target": (root / f"{TARGET.slug}-int8.safetensors", TARGET.sha256)}
     elif draft is None:
         raise Refusal("custom_pair_ids")
     else:
@@ -75,7 +80,8 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
 
     cpu_bf16 = dev.type == "cpu" and dt == torch.bfloat16
     if pair.draft is not None and (draft_quant is True or (draft_quant == "auto" and dev.type == "cpu")):
-        cheapen_draft(pair.draft, mode=quant_mode, saved=saved[0], source=saved[1])
+        path, source = saved.get("draft", (None, ""))
+        cheapen_draft(pair.draft, mode=quant_mode, saved=path, source=source)
         pair.info["draft_quant"] = quant_label(pair.draft, quant_mode)
         int4 = {"vnni" if m.tiles is not None else "torch" for m in pair.draft.modules() if isinstance(m, Int4Linear)}
         if int4:
@@ -93,7 +99,8 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     if quant == "int8":
         if dev.type != "cpu":
             raise ValueError("target_quant='int8' runs on CPUs only.")
-        quantise_target(pair.target, kernel=kernel or None)
+        path, source = saved.get("target", (None, ""))
+        quantise_target(pair.target, path, source, kernel=kernel or None)
         pair.info["target_weights"] = "int8"  # exact: the same logits in a step and in a pass
         pair.info["target_int8"] = "/".join(sorted({m.kernel for m in pair.target.modules() if isinstance(m, TokenInt8Linear)}))
     if cpu_bf16 and not as_built:  # every remaining Linear weight prepacked for oneDNN (same numbers, faster)

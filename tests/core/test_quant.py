@@ -298,9 +298,11 @@ def test_the_int8_targets_product_can_be_picked_by_name():
     pair = load_pair("tiny", target_quant="int8:fbgemm")
     assert kernels(pair) == {"fbgemm"} and pair.info["target_quant"] == "int8:fbgemm"
     assert kernels(load_pair("tiny", target_quant="int8:vnni")) == {"vnni" if int8_vnni.library()[0] else "fbgemm"}
-    for bad in ("int8:fast", "off:vnni", "int4"):
+    for bad in ("int8:fast", "off:vnni", "int4", "blocks:vnni"):
         with pytest.raises(ValueError, match="int8:KERNEL"):
             load_pair("tiny", target_quant=bad)
+    with pytest.raises(ValueError, match="other pairs have none"):
+        load_pair("tiny", target_quant="blocks")
 
 
 def test_onednn_is_the_default_only_where_amx_tiles_are_there_and_not_capped(monkeypatch):

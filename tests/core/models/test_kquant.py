@@ -179,3 +179,12 @@ def test_the_product_refuses_what_does_not_fit():
         kquant.product(packed, 4, torch.randn(2, 512), 32)
     with pytest.raises(ValueError, match="do not match"):
         kquant.product(packed, 4, torch.randn(2, 256), 32, torch.randn(31))
+
+
+def test_without_the_product_the_blocks_are_refused_by_name(monkeypatch):
+    from specdec_core import load_pair
+    from specdec_core.models import load
+
+    monkeypatch.setattr(load, "kquant_library", lambda: (None, "no C compiler (gcc or $CC) to build it"))
+    with pytest.raises(ValueError, match="cannot run here: no C compiler"):
+        load_pair("bundled", target_quant="blocks")

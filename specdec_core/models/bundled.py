@@ -122,9 +122,10 @@ def remove_old_layouts(root: Path) -> None:
 
 
 def load_bundled(device: torch.device, dtype: torch.dtype, progress: Progress, cache_dir=None,
-                 exact: bool = True) -> tuple[Pair, Path]:
+                 exact: bool = True, lazy: tuple[bool, bool] = (False, False)) -> tuple[Pair, Path]:
     """The pair, read from the installed parts: the target exact on its file's blocks (exact=False: its values in
-    `dtype`), the draft's values in `dtype`; and the cache folder. The tokenizer is
+    `dtype`), the draft's values in `dtype`; and the cache folder. lazy: (target, draft) left in the files until
+    they are quantised (gguf_model.load_dense; CPUs only). The tokenizer is
     made (first start) or checked on a thread beside."""
     root = Path(cache_dir or default_cache_dir())
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -139,12 +140,14 @@ def load_bundled(device: torch.device, dtype: torch.dtype, progress: Progress, c
     with ThreadPoolExecutor(1) as pool:
         tok = pool.submit(tokenizer_of, target_file, root, TARGET.sha256)
         progress(0.3, f"reading {TARGET.name}")
-        target = load_target(target_parts) if exact else load_dense(target_parts, dtype)
+        target = load_target(target_parts) if exact else load_dense(target_parts, dtype, lazy[0])
         progress(0.6, f"reading {DRAFT.name}")
-        draft = load_dense(draft_parts, dtype)
+        draft = load_dense(draft_parts, dtype, lazy[1])
         progress(0.8, "making the tokenizer (once)")
         tok = tok.result()
     progress(1.0, "ready")
-    pair = make_pair("bundled", target.to(device), draft.to(device), tok, device, dtype,
+    if device.type != "cpu":
+        target, draft = target.to(device), draft.to(device)
+    pair = make_pair("bundled", target, draft, tok, device, dtype,
                      {"target": TARGET.name, "draft": DRAFT.name, "load_s": time.perf_counter() - t0})
     return pair, root  # where the models' quantised weights are kept

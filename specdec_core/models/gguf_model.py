@@ -212,7 +212,8 @@ def fill(model: nn.Module, f: GGUF, make_linear, make_embedding) -> nn.Module:
             old.weight = nn.Parameter(f.dense(name), requires_grad=False)
     if model.config.tie_word_embeddings:
         model.lm_head = make_linear("token_embd.weight", None)
-    left = [n for n, p in [*model.named_parameters(), *model.named_buffers()] if p.is_meta]
+    lazy = {f"{n}.weight" for n, m in model.named_modules() if hasattr(m, "values")}  # load_dense(lazy=True)
+    left = [n for n, p in [*model.named_parameters(), *model.named_buffers()] if p.is_meta and n not in lazy]
     if left:
         raise ValueError(f"{f.name} lacks the weights of {', '.join(left[:3])}")
     model.generation_config = GenerationConfig(bos_token_id=model.config.bos_token_id,
@@ -246,15 +247,19 @@ def load_target(path: Path | list[Path]) -> Qwen2ForCausalLM:
     return fill(model, f, linear, embedding).float()
 
 
-def load_dense(path: Path | list[Path], dtype: torch.dtype) -> Qwen2ForCausalLM:
-    """The model's values in `dtype`: the draft before it is quantised, or a target run as loaded."""
+def load_dense(path: Path | list[Path], dtype: torch.dtype, lazy: bool = False) -> Qwen2ForCausalLM:
+    """The model's values in `dtype`: the draft before it is quantised, or a target run as loaded. lazy: the Linear
+    layers' weights are left in the file (on the meta device, each Linear's values() reads them), for a model whose
+    quantised weights may have been made before (quant.quantise reads what it needs)."""
     f = GGUF(path)
     model = skeleton(f.config())
 
     def linear(name, bias):
-        w = f.dense(name)
-        layer = nn.Linear(w.shape[1], w.shape[0], bias=bias is not None, device="meta")
-        layer.weight = nn.Parameter(w.to(dtype), requires_grad=False)
+        _, _, n, k = f.raw(name)
+        layer = nn.Linear(k, n, bias=bias is not None, device="meta", dtype=dtype)
+        layer.values = lambda: f.dense(name).to(dtype)
+        if not lazy:
+            layer.weight = nn.Parameter(layer.values(), requires_grad=False)
         if bias is not None:
             layer.bias = nn.Parameter(bias.to(dtype), requires_grad=False)
         return layer

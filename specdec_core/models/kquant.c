@@ -338,6 +338,15 @@ int kquant_mm(const uint8_t* w, int kind, const float* bias, const float* x, int
 }
 
 /* the values of one row's blocks (an embedding lookup): raw [K / 256][block], out [K] float32 */
+void kquant_row(const uint8_t* raw, int K, int kind, float* out);
+
+/* the rows ids[0..n) of weights raw [N][K / 256 blocks] as out [n][K] float32 */
+void kquant_rows(const uint8_t* raw, const int64_t* ids, int n, int K, int kind, float* out) {
+    const size_t row = (size_t)(K / QK) * (kind == 4 ? Q4_RAW : Q6_RAW);
+    #pragma omp parallel for schedule(static) if (n >= 64)
+    for (int i = 0; i < n; i++) kquant_row(raw + (size_t)ids[i] * row, K, kind, out + (size_t)i * K);
+}
+
 void kquant_row(const uint8_t* raw, int K, int kind, float* out) {
     uint8_t q[QK];
     for (int b = 0; b < K / QK; b++) {

@@ -35,7 +35,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.kquant_mm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 3 \
         + [ctypes.c_void_p, ctypes.c_int]
     lib.kquant_pack.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 3 + [ctypes.c_void_p]
-    lib.kquant_row.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    lib.kquant_rows.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 3 + [ctypes.c_void_p]
     return lib
 
 
@@ -113,11 +113,13 @@ class KQuantLinear(nn.Module):
 
 def dequantise_rows(raw: torch.Tensor, kind: int, in_features: int, ids: torch.Tensor) -> torch.Tensor:
     """The rows `ids` of Q4_K/Q6_K weights [N, in / 256 blocks] as float32 [len(ids), in]: an embedding lookup."""
-    lib = kernel()
-    rows = raw.view(-1, in_features // QK * RAW[kind])
+    raw = raw.contiguous()
+    ids = ids.to(torch.int64).contiguous()
+    n = raw.numel() // (in_features // QK * RAW[kind])
+    if raw.dtype != torch.uint8 or in_features % QK or (len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= n)):
+        raise ValueError(f"rows of Q{kind}_K weights [{n}, {in_features}] asked for outside them, or weights of another type")
     out = torch.empty(len(ids), in_features)
-    for i, row in enumerate(ids.tolist()):
-        lib.kquant_row(rows[row].data_ptr(), in_features, kind, out[i].data_ptr())
+    kernel().kquant_rows(raw.data_ptr(), ids.data_ptr(), len(ids), in_features, kind, out.data_ptr())
     return out
 
 

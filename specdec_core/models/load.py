@@ -70,7 +70,9 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
         draft_quant = False
     elif target == "bundled":
         from .bundled import DRAFT, TARGET, load_bundled
-        pair, root = load_bundled(dev, dt, progress, cache_dir, exact=quant == "blocks")
+        cheap_draft = draft_quant is True or (draft_quant == "auto" and dev.type == "cpu")
+        pair, root = load_bundled(dev, dt, progress, cache_dir, exact=quant == "blocks",
+                                  lazy=(quant == "int8" and dev.type == "cpu", cheap_draft and dev.type == "cpu"))
         saved = {"draft": (root / f"{DRAFT.slug}-{quant_mode}.safetensors", DRAFT.sha256),
                  "target": (root / f"{TARGET.slug}-int8.safetensors", TARGET.sha256)}
     elif draft is None:

@@ -233,7 +233,7 @@ class Int4Linear(WeightOnlyLinear):
     def fits(cls, linear: nn.Linear) -> bool:
         """The kernels' shape rules, and bfloat16: with float32 activations PyTorch's is many times slower."""
         w = linear.weight
-        return (w.device.type == "cpu" and w.dtype == torch.bfloat16 and linear.in_features % cls.GROUP == 0
+        return (w.device.type in ("cpu", "meta") and w.dtype == torch.bfloat16 and linear.in_features % cls.GROUP == 0
                 and linear.out_features % 16 == 0)
 
     def __init__(self, linear: nn.Linear, saved: dict | None = None, wide: bool = False, kernel: str | None = None):
@@ -397,7 +397,7 @@ def quantise(model: nn.Module, make, saved: Path | None, source: str) -> None:
     for key, value in tensors.items():
         name, _, field = key.rpartition(":")
         layers.setdefault(name, {})[field] = value
-    replace_linears(model, lambda name, mod: make(name, mod, layers.get(name)))
+    replace_linears(model, lambda name, mod: make(name, mod if name in layers else read(mod), layers.get(name)))
     if saved and not tensors:
         layers = {name: mod for name, mod in model.named_modules() if hasattr(mod, "saved_state")}
         # a layer saves the layers inside it (Int4Linear's int8 twin) with its own
@@ -416,6 +416,14 @@ def quantise(model: nn.Module, make, saved: Path | None, source: str) -> None:
 def file_digest(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def read(linear: nn.Linear) -> nn.Linear:
+    """A Linear whose weight was left in its file (on the meta device, gguf_model.load_dense(lazy=True)) read now:
+    quantised weights made before need no values."""
+    if linear.weight.is_meta:
+        linear.weight = nn.Parameter(linear.values(), requires_grad=False)
+    return linear
 
 
 def load_saved(path: Path, source: str) -> dict:

@@ -145,3 +145,24 @@ def test_speculative_decoding_on_the_blocks_is_plain_decoding(files, exact_targe
         assert generate(pair, "blocks", cfg).token_ids == ar
     sampled = SpecConfig(k=4, max_new_tokens=40, temperature=0.7, seed=5)
     assert generate(pair, "blocks", sampled).token_ids == generate(dataclasses.replace(pair), "blocks", sampled).token_ids
+
+
+def test_a_lazy_model_reads_a_linears_values_only_when_no_quantised_weights_were_made(files, tmp_path):
+    from specdec_core.models.quant import cheapen_draft
+
+    reads = []
+
+    def load():
+        model = gguf_model.load_dense(files[0], torch.bfloat16, lazy=True)
+        for m in model.modules():
+            if hasattr(m, "values"):
+                m.values = (lambda read: lambda: reads.append(1) or read())(m.values)
+        return cheapen_draft(model, saved=tmp_path / "int4.safetensors", source="tiny")
+
+    first = load()
+    assert len(reads) == 15  # every Linear, once, to quantise it
+    again = load()
+    assert len(reads) == 15  # none: the saved weights were read instead
+    ids = torch.tensor([[1, 5, 9, 200]])
+    with torch.inference_mode():
+        assert torch.equal(first(ids).logits, again(ids).logits)

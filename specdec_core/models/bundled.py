@@ -131,20 +131,21 @@ def load_bundled(device: torch.device, dtype: torch.dtype, progress: Progress, c
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     remove_old_layouts(root)
     t0 = time.perf_counter()
-    progress(0.05, f"checking {TARGET.name} and {DRAFT.name} (SHA-256)")
-    with ThreadPoolExecutor(2) as pool:  # hashing releases the GIL
-        target_parts, draft_parts = pool.map(checked_parts, (TARGET, DRAFT))
-    target_file, draft_file = GGUF(target_parts), GGUF(draft_parts)
-    if target_file.vocabulary() != draft_file.vocabulary():
-        raise Refusal("tokenizers_differ", draft=repr(DRAFT.name), target=repr(TARGET.name))
-    with ThreadPoolExecutor(1) as pool:
-        tok = pool.submit(tokenizer_of, target_file, root, TARGET.sha256)
+    progress(0.05, f"checking {TARGET.name} and {DRAFT.name} (SHA-256) and reading them")
+    with ThreadPoolExecutor(3) as pool:  # hashing releases the GIL: the files are checked while they are read
+        checks = {m: pool.submit(checked_parts, m) for m in (TARGET, DRAFT)}
+        target_file, draft_file = GGUF(part_paths(TARGET)), GGUF(part_paths(DRAFT))
+        if target_file.vocabulary() != draft_file.vocabulary():
+            raise Refusal("tokenizers_differ", draft=repr(DRAFT.name), target=repr(TARGET.name))
+        # the tokenizer is kept in the cache: it is made from checked bytes only
+        tok = pool.submit(lambda: checks[TARGET].result() and tokenizer_of(target_file, root, TARGET.sha256))
         progress(0.3, f"reading {TARGET.name}")
-        target = load_target(target_parts) if exact else load_dense(target_parts, dtype, lazy[0])
+        target = load_target(target_file) if exact else load_dense(target_file, dtype, lazy[0])
         progress(0.6, f"reading {DRAFT.name}")
-        draft = load_dense(draft_parts, dtype, lazy[1])
+        draft = load_dense(draft_file, dtype, lazy[1])
         progress(0.8, "making the tokenizer (once)")
         tok = tok.result()
+        checks[DRAFT].result()  # nothing read from a part that fails its check is served
     progress(1.0, "ready")
     if device.type != "cpu":
         target, draft = target.to(device), draft.to(device)

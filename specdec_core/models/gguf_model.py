@@ -230,9 +230,9 @@ def blocks_of(f: GGUF, name: str) -> tuple[torch.Tensor, int, int, int]:
     return quantise(dequantise(raw, kind, n, k), 6).reshape(-1), 6, n, k
 
 
-def load_target(path: Path | list[Path]) -> Qwen2ForCausalLM:
+def load_target(path: Path | list[Path] | GGUF) -> Qwen2ForCausalLM:
     """The exact target on the file's blocks, float32 elsewhere."""
-    f = GGUF(path)
+    f = path if isinstance(path, GGUF) else GGUF(path)
     model = skeleton(f.config())
 
     def linear(name, bias):
@@ -247,11 +247,11 @@ def load_target(path: Path | list[Path]) -> Qwen2ForCausalLM:
     return fill(model, f, linear, embedding).float()
 
 
-def load_dense(path: Path | list[Path], dtype: torch.dtype, lazy: bool = False) -> Qwen2ForCausalLM:
+def load_dense(path: Path | list[Path] | GGUF, dtype: torch.dtype, lazy: bool = False) -> Qwen2ForCausalLM:
     """The model's values in `dtype`: the draft before it is quantised, or a target run as loaded. lazy: the Linear
     layers' weights are left in the file (on the meta device, each Linear's values() reads them), for a model whose
     quantised weights may have been made before (quant.quantise reads what it needs)."""
-    f = GGUF(path)
+    f = path if isinstance(path, GGUF) else GGUF(path)
     model = skeleton(f.config())
 
     def linear(name, bias):

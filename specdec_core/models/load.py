@@ -58,6 +58,8 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     as_built = target == "tiny"  # the tiny test pair runs as built: tests compare it with models built the same way
     if quant == "auto":
         quant = target_quant = "int8" if dev.type == "cpu" and not as_built else "off"
+    if quant == "blocks" and dev.type != "cpu":
+        raise ValueError("target_quant='blocks' runs on CPUs only.")
     if quant == "blocks" and kquant_library()[0] is None:
         raise ValueError(f"target_quant='blocks' needs the Q4_K/Q6_K product, which cannot run here: {kquant_library()[1]}")
     saved = {}  # role -> (the file of the bundled model's quantised weights, what they are made from)
@@ -97,7 +99,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     pair.info["target_weights"], pair.info["target_quant"] = str(dt).replace("torch.", ""), target_quant
     if quant == "blocks":
         pair.target.set_attn_implementation(ROWS)  # each row's attention as a step computes it (attention.py)
-        pair.info["target_weights"] = f"blocks:{kquant_build()}"  # exact: the same logits in a step and in a pass
+        pair.info["target_weights"] = f"blocks:{kquant_library()[1]}"  # exact: the same logits in a step and in a pass
     if quant == "int8":
         if dev.type != "cpu":
             raise ValueError("target_quant='int8' runs on CPUs only.")
@@ -121,10 +123,6 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     if backend != "off":
         enable_graphs(pair, backend, max_len, progress)
     return pair
-
-
-def kquant_build() -> str:
-    return kquant_library()[1]
 
 
 def own_memory(model: torch.nn.Module) -> None:

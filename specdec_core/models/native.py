@@ -53,7 +53,9 @@ def build(source: Path, flags: list[str], cpu: set[str]) -> tuple[ctypes.CDLL | 
 def load(source: Path, flags: list[str], needs: set[str], unused: str) -> tuple[ctypes.CDLL | None, str]:
     """`source` built for this CPU: (the library, "") or (None, why there is none). needs: the x86 CPU flags it
     needs (none: any CPU). Where the CPU could run it but it cannot be built, a RuntimeWarning says so: `unused`,
-    with {why} in it, names what is not used and what runs instead."""
+    with {why} in it, names what is not used and what runs instead. SPECDEC_KERNELS=off: none is built or loaded."""
+    if os.environ.get("SPECDEC_KERNELS", "").lower() == "off":
+        return None, "turned off by SPECDEC_KERNELS=off"
     cpu = cpu_flags()
     if needs and platform.machine() not in ("x86_64", "AMD64"):
         return None, "this CPU is not an x86 one"

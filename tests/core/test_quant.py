@@ -567,3 +567,23 @@ def test_the_kernels_wrappers_refuse_rows_of_another_shape_or_type():
     int8 = int8_vnni.Int8Product(torch.ones(32, 64, dtype=torch.int8), torch.ones(32, dtype=torch.float64), None)
     with pytest.raises(ValueError, match="float32 rows of 64"):
         int8(torch.randn(2, 96))
+
+
+def test_the_kernels_can_be_turned_off_and_the_fallbacks_run(monkeypatch, tmp_path):
+    """SPECDEC_KERNELS=off: none of ours is built or loaded; the int8 target and the int4 draft keep PyTorch's."""
+    from specdec_core.models import kquant
+
+    monkeypatch.setenv("SPECDEC_KERNELS", "off")
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    libraries = (int8_vnni.library, int4_vnni.library, kquant.library)
+    for library in libraries:
+        library.cache_clear()
+    try:
+        for library in libraries:
+            assert library() == (None, "turned off by SPECDEC_KERNELS=off")
+        assert not (tmp_path / "kernels").exists()
+        assert quant.TokenInt8Linear(torch.nn.Linear(64, 32)).kernel in ("fbgemm", "onednn")
+        assert quant.Int4Linear(torch.nn.Linear(64, 32).bfloat16()).tiles is None
+    finally:
+        for library in libraries:
+            library.cache_clear()

@@ -16,6 +16,8 @@ def options(argv=None) -> argparse.Namespace:
     ap.add_argument("--host", default=env("SPECDEC_HOST", env("GRADIO_SERVER_NAME", "127.0.0.1")))
     ap.add_argument("--port", type=int, default=int(env("SPECDEC_PORT", env("GRADIO_SERVER_PORT", "7860"))))
     ap.add_argument("--share", action="store_true", default=env("SPECDEC_SHARE") == "1")
+    ap.add_argument("--local-models", action="store_true", default=env("SPECDEC_LOCAL_MODELS") == "1",
+                    help="visitors may load model directories on this server (off by default)")
     ap.add_argument("--device", default=env("SPECDEC_DEVICE", "auto"))
     ap.add_argument("--dtype", default=env("SPECDEC_DTYPE", "auto"))
     # ZeroGPU lends a GPU only inside spaces.GPU calls, so nothing can be compiled for it at start-up
@@ -30,7 +32,7 @@ def options(argv=None) -> argparse.Namespace:
     ap.add_argument("--queue-size", type=int, default=int(env("SPECDEC_QUEUE_SIZE", "32")))
     args = ap.parse_args(argv)
     args.zero_gpu = zero_gpu
-    args.hosted = env("SPECDEC_HOSTED") == "1" or bool(env("SPACE_ID"))
+    args.hosted = env("SPECDEC_HOSTED") == "1" or bool(env("SPACE_ID")) or args.share  # a public link is public
     allowed = env("SPECDEC_ALLOWED_MODELS", "").split(",") + args.pair.split(",")  # the pair it starts with, too
     args.allowlist = frozenset(x.strip() for x in allowed if x.strip())
     args.visitor_tokens = int(env("SPECDEC_VISITOR_TOKENS", "20000"))
@@ -41,7 +43,8 @@ def main(argv=None):
     args = options(argv)
     # on ZeroGPU there is no GPU to time at start-up
     manager = PairManager(args.device, args.dtype, allow_custom=not args.hosted, allowlist=args.allowlist,
-                          graphs=args.graphs, probe=not args.zero_gpu, target_quant=args.target_quant)
+                          graphs=args.graphs, probe=not args.zero_gpu, target_quant=args.target_quant,
+                          allow_local=args.local_models)
     limits = VisitorLimits(args.visitor_tokens) if args.hosted else None
     if args.pair == "none":  # e.g. a lecture laptop that only replays recorded traces
         manager.say("status_replay")

@@ -13,7 +13,7 @@ from specdec_core.sampling import NonFiniteLogitsError
 from . import plots
 from .i18n import said, t
 from .limits import visitor_of
-from .race import Race, advance, run, start_race
+from .race import Race, advance, start_race
 from .render import message_html, pane_html, pieces
 from .settings import Ask, ask
 from .tree import tree_html
@@ -108,26 +108,38 @@ def _drive(race: Race, lang: str):
     yield view(race, lang, True)
 
 
-_run = on_gpu(run)
+def refused(err: Exception) -> gr.Error:
+    """A visitor's request refused: one log line, no traceback (a real failure keeps Gradio's)."""
+    print(f"refused: {err}", flush=True)
+    return gr.Error(str(err), print_exception=False)
 
 
-def api_generate(manager, limits, prompt, settings: dict, request=None) -> dict:
-    """Runs plain and speculative decoding and returns both texts and their statistics."""
+def api_generate(manager, limits, prompt, settings: dict, request=None):
+    """Runs plain and speculative decoding. Yields a progress dict ({"done": False, ...}) each round, so that a
+    cancelled or disconnected client stops the work within a round, and ends with both texts and their statistics."""
     pair = manager.pair
     if pair is None:
-        raise gr.Error("No model is loaded yet: " + manager.status)
+        raise refused(ValueError("No model is loaded yet: " + manager.status))
+    if not isinstance(prompt, str):  # token ids would pass around the chat template and its control tokens
+        raise refused(ValueError(f"prompt must be text (a string), got {type(prompt).__name__}"))
     try:
         wanted = ask(settings)
         race = start_race(pair, prompt, wanted.cfg, wanted.drafter)
         with admitted(limits, request, wanted):
-            _run(race)
+            yield from _rounds(race)
     except (ValueError, NonFiniteLogitsError) as err:
-        raise gr.Error(str(err)) from None
+        raise refused(err) from None
     except Exception as err:  # out of memory, a broken checkpoint...
         raise gr.Error(f"The generation failed ({err.__class__.__name__}: {err}).") from None
     decode = lambda ids: pair.tokenizer.decode(ids, skip_special_tokens=True)
     spec, plain = race.spec.stats, race.plain.stats
-    return {"text": decode(race.spec.token_ids), "token_ids": race.spec.token_ids,
-            "plain_text": decode(race.plain.token_ids), "identical": race.identical, "pair": pair.name,
-            "speedup": spec.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else None,
-            "stats": spec.to_dict(), "plain_stats": plain.to_dict()}
+    yield {"done": True, "text": decode(race.spec.token_ids), "token_ids": race.spec.token_ids,
+           "plain_text": decode(race.plain.token_ids), "identical": race.identical, "pair": pair.name,
+           "speedup": spec.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else None,
+           "stats": spec.to_dict(), "plain_stats": plain.to_dict()}
+
+
+@on_gpu
+def _rounds(race: Race):
+    while advance(race):
+        yield {"done": False, "tokens": len(race.spec.token_ids), "plain_tokens": len(race.plain.token_ids)}

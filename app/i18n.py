@@ -377,6 +377,11 @@ mostra o primeiro token em que as saídas se separam e o logit do alvo para cada
     "setting_missing": ("{name} is missing.", "{name} está faltando."),
     "trace_not": ("This file is not a specdec trace (version 1 or {version}).",
                   "Este arquivo não é um traço do specdec (versão 1 ou {version})."),
+    "trace_too_big": ("The file is over {mb:.0f} MB: no trace of a race is that large.",
+                      "O arquivo passa de {mb:.0f} MB: nenhum traço de uma corrida é tão grande."),
+    "trace_round": ("its round {round} is not one that a race could have made (sizes, tokens or times).",
+                    "sua rodada {round} não é uma que uma corrida poderia ter feito (tamanhos, tokens ou tempos)."),
+    "trace_tokens": ("its {lane} lane holds more than its {n} tokens.", "sua pista {lane} tem mais que seus {n} tokens."),
     "trace_damaged": ("The trace is damaged: {error}", "O traço está danificado: {error}"),
     "replay_failed": ("Cannot replay: {reason}", "Não é possível reproduzir: {reason}"),
 }

@@ -1,6 +1,7 @@
 """Per-visitor limits for a public deployment: one generation at a time, and a token allowance."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import defaultdict, deque
@@ -9,13 +10,23 @@ from contextlib import contextmanager
 from .i18n import Said
 
 
+def proxy_hops() -> int:
+    """Trusted proxies in front of the app (SPECDEC_PROXY_HOPS; on Spaces 1, elsewhere 0)."""
+    default = "1" if os.environ.get("SPACE_ID") else "0"
+    return max(int(os.environ.get("SPECDEC_PROXY_HOPS", default) or 0), 0)
+
+
 def visitor_of(request) -> str:
-    """The client's address (first hop of X-Forwarded-For behind a proxy such as Spaces)."""
+    """The client's address. Each trusted proxy appends the address it was called from to X-Forwarded-For, so
+    the visitor's is the entry the outermost trusted proxy wrote, `hops` from the right; what lies left of it is
+    whatever the client sent. With no trusted proxy, the connection's own address."""
     if request is None:
         return "local"
-    forwarded = (getattr(request, "headers", None) or {}).get("x-forwarded-for", "")
-    if forwarded:
-        return forwarded.split(",")[0].strip()
+    hops = proxy_hops()
+    forwarded = [x.strip() for x in (getattr(request, "headers", None) or {}).get("x-forwarded-for", "").split(",")]
+    forwarded = [x for x in forwarded if x]
+    if hops and forwarded:
+        return forwarded[-min(hops, len(forwarded))]
     client = getattr(request, "client", None)
     return getattr(client, "host", None) or "unknown"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from specdec_core import load_pair
-from specdec_core.messages import Refusal
+from specdec_core.messages import Refusal, cut
 from specdec_core.theory import expected_speedup
 from specdec_core.timing import probe_costs
 
@@ -65,10 +65,11 @@ def judge_model_info(model_id: str, info, budget_bytes: float) -> Said | None:
     return None
 
 
-def check_model_id(model_id: str, budget_bytes: float) -> None:
-    """Validate a hub id or local directory before anything downloads; ValueError with the reason."""
+def check_model_id(model_id: str, budget_bytes: float, local: bool = False) -> None:
+    """Validate a hub id, or with `local` a server directory, before anything downloads; ValueError with the
+    reason. Without `local` the file system is never looked at, so no answer tells which server paths exist."""
     path = Path(model_id).expanduser()
-    if path.is_dir():
+    if local and path.is_dir():
         if not (path / "config.json").exists() or not list(path.glob("*.safetensors")):
             raise Said("model_not_dir", model=model_id)
         return
@@ -94,18 +95,19 @@ class PairManager:
 
     def __init__(self, device: str = "auto", dtype: str = "auto", allow_custom: bool = True,
                  allowlist: frozenset[str] = frozenset(), graphs: str = "auto", probe: bool = True,
-                 target_quant: str = "auto"):
+                 target_quant: str = "auto", allow_local: bool = False):
         self.device, self.dtype, self.graphs, self.probe, self.target_quant = device, dtype, graphs, probe, target_quant
-        self.allow_custom, self.allowlist = allow_custom, allowlist
+        self.allow_custom, self.allowlist, self.allow_local = allow_custom, allowlist, allow_local
         self.pair = None
         self.spec = None
         self.says: list[tuple[str, dict]] = [("status_none", {})]  # the status: text keys and their values
+        self.serving: list[tuple[str, dict]] = []  # what the status said when the pair now served was loaded
         self.failed = False  # the status reports a failed load (shown as an error)
         self.loading = False
         self._lock = threading.Lock()
 
     def say(self, key: str, **values) -> None:
-        self.says = [(key, values)]
+        self.says = [(key, {name: cut(v, 200) if isinstance(v, str) else v for name, v in values.items()})]
 
     def status_text(self, lang: str = "en") -> str:
         def shown(value):  # the weights and a refusal are said in the page's language; numbers and names as they are
@@ -123,25 +125,27 @@ class PairManager:
         self.say("status_progress", message=message, fraction=fraction)
 
     def check_allowed(self, spec: str) -> tuple[str, str | None]:
+        """In hosted mode a preset ("bundled", "tiny") or each id of a custom pair must be listed."""
         target, draft = parse_spec(spec)
-        if draft is not None and not self.allow_custom:
-            for model_id in (target, draft):
+        if not self.allow_custom:
+            for model_id in (target,) if draft is None else (target, draft):
                 if model_id not in self.allowlist:
                     raise Said("pair_not_listed", model=model_id)
         return target, draft
 
-    def load(self, spec: str) -> str:
-        """Load `spec` and make it current; returns a status line. Never raises."""
+    def load(self, spec: str, local: bool | None = None) -> str:
+        """Load `spec` and make it current; returns a status line. Never raises. `local`: server directories may be
+        loaded (default: as the operator allowed; the pair the operator starts with always may)."""
+        local = self.allow_local if local is None else local
         if not self._lock.acquire(blocking=False):
             return t("status_busy")
         self.loading, self.failed = True, False
-        previous = self.says if self.pair is not None else []
         try:
             target, draft = self.check_allowed(spec)
             if draft is not None:
                 for model_id in (target, draft):
                     self.say("status_checking", model=model_id)
-                    check_model_id(model_id, MEMORY_BUDGET_GB * 1e9)
+                    check_model_id(model_id, MEMORY_BUDGET_GB * 1e9, local)
             t0 = time.perf_counter()
             pair = load_pair(target, draft, device=self.device, dtype=self.dtype, progress=self._progress,
                              graphs=self.graphs, target_quant=self.target_quant)
@@ -154,12 +158,13 @@ class PairManager:
                                                                                    pair.info.get("target_prepacked", False)),
                                                draft_weights=pair.info.get("draft_quant", dtype), seconds=seconds))]
             self.says += verdict
+            self.serving = self.says
         except Exception as err:  # a failed load must leave the app serving the previous pair
             plain = isinstance(err, (ValueError, RuntimeError, OSError))  # a library's own message, as it said it
-            reason = err if isinstance(err, Refusal) else str(err) if plain else repr(err)
-            self.failed = True
-            self.says = [("status_failed", dict(spec=spec, reason=reason))] + (
-                [("status_still", {}), *previous] if previous else [])
+            reason = err if isinstance(err, Refusal) else cut(str(err) if plain else repr(err), 300)
+            self.failed = True  # the failure replaces the status; the pair still served is said as when it loaded
+            self.says = [("status_failed", dict(spec=cut(spec), reason=reason))] + (
+                [("status_still", {}), *self.serving] if self.pair is not None else [])
         finally:
             self.loading = False
             self._lock.release()
@@ -177,6 +182,6 @@ class PairManager:
     def load_in_background(self, spec: str) -> threading.Thread:
         self.spec, self.failed = spec, False
         self.say("status_loading", spec=spec)
-        thread = threading.Thread(target=self.load, args=(spec,), daemon=True)
+        thread = threading.Thread(target=self.load, args=(spec, True), daemon=True)  # the operator's own pair
         thread.start()
         return thread

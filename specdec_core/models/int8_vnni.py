@@ -13,11 +13,11 @@ from pathlib import Path
 
 import torch
 
-from .native import load
+from .native import AVX512_VNNI, AVX512_VNNI_FLAGS, load
 
 SOURCE = Path(__file__).with_name("int8_vnni.c")
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
-NEEDS = {"avx512f", "avx512bw", "avx512_vnni"}
+FLAGS = ["-O3", *AVX512_VNNI_FLAGS, "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
+NEEDS = AVX512_VNNI
 
 
 @functools.cache

@@ -18,12 +18,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from .native import cpu_flags, load
+from .native import AVX512_VNNI, AVX512_VNNI_FLAGS, cpu_flags, load
 
 SOURCE = Path(__file__).with_name("kquant.c")
 COMMON = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-lm"]
-VNNI = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c"}
-VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c"]
 QK = 256
 RAW = {4: 144, 6: 210}  # bytes of a block in the file: Q4_K, Q6_K
 PACKED = {4: 2368, 6: 3360}  # bytes of 16 outputs' blocks in the packed layout
@@ -42,8 +40,8 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 @functools.cache
 def library() -> tuple[ctypes.CDLL | None, str]:
     """(the kernel, its build: "avx512-vnni" or "portable") or (None, why there is none)."""
-    vnni = VNNI <= cpu_flags()
-    lib, why = load(SOURCE, COMMON + (VNNI_FLAGS if vnni else []), set(), "the target's Q4_K/Q6_K product cannot be "
+    vnni = AVX512_VNNI <= cpu_flags()
+    lib, why = load(SOURCE, COMMON + (AVX512_VNNI_FLAGS if vnni else []), set(), "the target's Q4_K/Q6_K product cannot be "
                     "built: {why}")
     return (bind(lib), "avx512-vnni" if vnni else "portable") if lib is not None else (None, why)
 

@@ -1,16 +1,18 @@
-"""C kernels of this project (int8_vnni.c, int4_vnni.c, step_ops.c), built on first use with the system's C compiler (gcc, or
-$CC) into the model cache, once per source and CPU, and loaded with ctypes: no build step, no extra dependency."""
+"""C kernels of this project (int8_vnni.c, int4_vnni.c, kquant.c, step_ops.c), built on first use with the system's C
+compiler (gcc, or $CC) into the model cache, once per source and flags, and loaded with ctypes: no build step, no extra
+dependency. A compiler is optional: without one (or with SPECDEC_KERNELS=off) PyTorch's products run instead."""
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import os
 import platform
 import shutil
 import subprocess
 import tempfile
-import threading
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 from .pair import default_cache_dir
@@ -24,23 +26,46 @@ def cpu_flags() -> set[str]:
         return set()
 
 
-_building = threading.Lock()  # a model's layers are made on several threads: one of them builds
+AVX512_VNNI = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c"}  # as /proc/cpuinfo names them
+AVX512_VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c"]  # and as gcc does
+
+@contextmanager
+def locked(folder: Path):
+    """`folder` to this caller alone: another process, or another thread here (each opens the file anew), waits,
+    then finds what was made."""
+    with open(folder / ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def build(source: Path, flags: list[str], cpu: set[str]) -> tuple[ctypes.CDLL | None, str]:
-    """(the library built from `source`, "") or (None, why there is none)."""
+def private_dir(folder: Path) -> str:
+    """Make `folder` (0700) if it is not there; "" if only this user can write to it, else why not."""
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = folder.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return f"{folder} is writable by other users (or not owned by this one), so nothing is loaded from it"
+    return ""
+
+
+def build(source: Path, flags: list[str]) -> tuple[ctypes.CDLL | None, str]:
+    """(the library built from `source` with `flags`, "") or (None, why there is none). The flags name the
+    instruction sets, so a file's name, keyed on its source, flags and compiler, says what it runs on."""
     cc = shutil.which(os.environ.get("CC", "gcc"))
     if cc is None:
         return None, "no C compiler (gcc or $CC) to build it"
-    # -march=native: a library built on one CPU may not run on another, so the CPU's flags are in its name
-    key = hashlib.sha256(b"\0".join([source.read_bytes(), " ".join(flags).encode(), cc.encode(),
-                                     " ".join(sorted(cpu)).encode()])).hexdigest()[:16]
-    built = default_cache_dir() / "kernels" / f"{source.stem}-{key}.so"
+    key = hashlib.sha256(b"\0".join([source.read_bytes(), " ".join(flags).encode(), cc.encode()])).hexdigest()[:16]
+    folder = default_cache_dir() / "kernels"
+    built = folder / f"{source.stem}-{key}.so"
     try:
-        with _building:
+        unsafe = private_dir(folder)
+        if unsafe:
+            return None, unsafe
+        with locked(folder):
             if not built.exists():
-                built.parent.mkdir(parents=True, exist_ok=True)
-                with tempfile.TemporaryDirectory(dir=built.parent) as tmp:
+                with tempfile.TemporaryDirectory(dir=folder) as tmp:
                     out = Path(tmp) / built.name
                     subprocess.run([cc, *flags, str(source), "-o", str(out)], check=True, capture_output=True, timeout=120)
                     out.replace(built)  # whole or not at all: another process may be loading it
@@ -61,7 +86,7 @@ def load(source: Path, flags: list[str], needs: set[str], unused: str) -> tuple[
         return None, "this CPU is not an x86 one"
     if not needs <= cpu:
         return None, f"this CPU lacks {', '.join(sorted(needs - cpu))}"
-    lib, why = build(source, flags, cpu)
+    lib, why = build(source, flags)
     if lib is None:
         warnings.warn(unused.format(why=why), RuntimeWarning)
     return lib, why

@@ -46,8 +46,8 @@ def test_generation_runs_inside_the_gpu_calls(zero_gpu, tiny):
     manager.pair = with_eos(tiny, [])
     views = list(module.race_stream(manager, None, "hello", SETTINGS))
     assert inside == ["_drive"] and views[-1].state.done
-    out = module.api_generate(manager, None, "hello", SETTINGS)
-    assert inside == ["_drive", "run"] and out["identical"] is True
+    out = list(module.api_generate(manager, None, "hello", SETTINGS))
+    assert inside == ["_drive", "_rounds"] and out[-1]["identical"] is True and not out[0]["done"]
 
 
 def test_without_spaces_nothing_is_wrapped(tiny):

@@ -128,7 +128,7 @@ def build(tmp_path, monkeypatch, source: str, vnni: bool):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     path = tmp_path / "kquant.c"
     path.write_text(source)
-    lib, why = native.build(path, kquant.COMMON + (kquant.VNNI_FLAGS if vnni else []), set())
+    lib, why = native.build(path, kquant.COMMON + (native.AVX512_VNNI_FLAGS if vnni else []))
     assert lib is not None, why
     return kquant.bind(lib)
 

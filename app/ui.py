@@ -16,7 +16,8 @@ from .i18n import LANGUAGES, t
 from .pairs import PRESETS
 from .render import legend_html, message_html
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+ASSETS = Path(__file__).resolve().parent / "assets"
+PROMPTS = Path(__file__).resolve().parents[1] / "specdec_core" / "bench" / "prompts.jsonl"
 CSS = (ASSETS / "style.css").read_text()
 
 # A click on a token of the speculative pane, or a node of the draft tree, writes "round,position,nonce"
@@ -72,7 +73,7 @@ class Texts:
 
 
 def example_prompts() -> list[str]:
-    lines = (ASSETS / "prompts.jsonl").read_text().splitlines()
+    lines = PROMPTS.read_text().splitlines()
     return [json.loads(line)["prompt"] for line in lines if line.strip()]
 
 

@@ -304,7 +304,7 @@ def chart(report: dict, path: Path) -> None:
 def options(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m specdec_core.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--pair", default="bundled", help="bundled | tiny | TARGET_ID,DRAFT_ID")
-    ap.add_argument("--prompts", default=str(Path(__file__).resolve().parents[2] / "assets" / "prompts.jsonl"))
+    ap.add_argument("--prompts", default=str(Path(__file__).with_name("prompts.jsonl")))
     for name, kind, default, help in SpecConfig.options(skip=NOT_FLAGS):  # as SpecConfig says them
         flag = "--" + name.replace("_", "-")
         if kind is bool:

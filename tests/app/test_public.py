@@ -2,6 +2,8 @@
 server directories, presets in hosted mode and quiet refusals."""
 import importlib.util
 import json
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -75,6 +77,21 @@ def test_a_cancelled_api_generation_stops_working(served):
     time.sleep(1.5)
     assert served.calls["n"] == before  # nothing runs for visitors who left
     assert before < 3 * 2 * 1024  # and the three cancelled runs ended early, not after their 1,024 tokens
+
+
+@pytest.mark.slow
+def test_a_disconnected_api_client_stops_the_work(served):
+    """A client killed mid-generation (no cancel sent): its generation ends with the connection."""
+    url = served.client.src
+    code = (f"from gradio_client import Client; import time; c = Client({url!r}, verbose=False); "
+            "c.submit('Count to a thousand.', k=1, max_new_tokens=1024, api_name='/generate'); time.sleep(60)")
+    start = served.calls["n"]
+    client = subprocess.Popen([sys.executable, "-c", code])
+    while served.calls["n"] < start + 20:
+        time.sleep(0.02)
+    client.kill()
+    client.wait()
+    assert settled(served.calls) < start + 2 * 1024 / 2  # far fewer passes than its 1,024 tokens take
 
 
 def test_stop_cancels_a_replay(served):

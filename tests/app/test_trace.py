@@ -51,7 +51,7 @@ def test_step_captions(tiny):
 def test_the_shipped_trace_replays_without_a_model():
     from pathlib import Path
 
-    data = (Path(__file__).resolve().parents[2] / "assets" / "trace-bundled-cpu.json").read_text()
+    data = (Path(__file__).resolve().parents[2] / "app" / "assets" / "trace-bundled-cpu.json").read_text()
     race, timeline = from_trace(data)
     for item in timeline:
         replay_step(race, item)

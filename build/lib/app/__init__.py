@@ -1,0 +1,1 @@
+"""The Gradio demo: a live race between plain and speculative decoding."""

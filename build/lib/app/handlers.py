@@ -1,0 +1,145 @@
+"""Event handlers: generators that turn a race into UI outputs. No Gradio layout here."""
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from typing import NamedTuple
+
+import gradio as gr
+
+from specdec_core.sampling import NonFiniteLogitsError
+
+from . import plots
+from .i18n import said, t
+from .limits import visitor_of
+from .race import Race, advance, start_race
+from .render import message_html, pane_html, pieces
+from .settings import Ask, ask
+from .tree import tree_html
+
+UI_EVERY_S, PLOTS_EVERY_S = 0.12, 1.0  # streaming cadence: text often, figures less often (CPU they share)
+
+try:  # on Hugging Face Spaces (ZeroGPU) a GPU is attached only inside decorated calls
+    import spaces
+
+    on_gpu = spaces.GPU(duration=int(os.environ.get("SPECDEC_GPU_SECONDS", "120")))
+except ImportError:
+    def on_gpu(fn):
+        return fn
+
+
+class View(NamedTuple):
+    """Every output of a race, by name; the UI lists its components in this order."""
+    plain: object
+    spec: object
+    tree: object
+    summary: object
+    race_plot: object
+    speed_plot: object
+    rounds_plot: object
+    positions_plot: object
+    state: object
+
+
+def lane_pieces(race: Race, lane, lang: str = "en"):
+    return pieces(lane.events, lane.texts, lane.tail, race.label, lang)
+
+
+def view(race: Race, lang: str = "en", with_plots: bool = True, note: str = "") -> View:
+    """Everything the screen shows of a race, derived from its events in `lang`."""
+    plain, spec = race.plain.stats, race.spec.stats  # summarised once per update: this runs beside the models
+    summary = plots.summary_html(plain, spec, race.identical, not race.done, lang, race.parted)
+    panes = [pane_html(lane_pieces(race, lane, lang), t("waiting", lang)) for lane in (race.plain, race.spec)]
+    tree = tree_html(next((e for e in reversed(race.spec.events) if e.drafted), None), race.label, lang)
+    figs = ((plots.race_figure(race.plain.events, race.spec.events, lang), plots.speed_figure(plain, spec, lang),
+             plots.rounds_figure(race.spec.events, lang), plots.position_figure(spec, lang))
+            if with_plots else (gr.skip(),) * 4)
+    return View(*panes, tree, summary + (message_html(note, "error") if note else ""), *figs, race)
+
+
+def empty_view(message: str, kind: str = "error") -> View:
+    """Leave the panes as they are and say what is wrong."""
+    return View(gr.skip(), gr.skip(), gr.skip(), message_html(message, kind), *(gr.skip(),) * 5)
+
+
+@contextmanager
+def admitted(limits, request, wanted: Ask):
+    if limits is None:
+        yield
+    else:
+        with limits.admit(visitor_of(request), 2 * wanted.cfg.max_new_tokens):  # both decoders
+            yield
+
+
+def race_stream(manager, limits, prompt, settings: dict, request: gr.Request = None):
+    """Generator for the Generate button: yields the panes, summary and figures as the race runs.
+    `settings`: the controls' values by name (settings.ask)."""
+    pair = manager.pair  # this run keeps this pair even if another one is loaded meanwhile
+    if pair is None:
+        lang = settings.get("lang") or "en"
+        yield empty_view(manager.status_text(lang) if manager.loading else t("no_model_pick", lang), "info")
+        return
+    try:
+        wanted = ask(settings)
+        race = start_race(pair, prompt, wanted.cfg, wanted.drafter)
+        with admitted(limits, request, wanted):
+            yield from _drive(race, wanted.lang)
+    except ValueError as err:
+        yield empty_view(said(err, settings.get("lang") or "en"))
+
+
+@on_gpu
+def _drive(race: Race, lang: str):
+    last_ui = last_plots = 0.0
+    try:
+        while advance(race):
+            now = time.monotonic()
+            if now - last_ui >= UI_EVERY_S:
+                plots_due = now - last_plots >= PLOTS_EVERY_S
+                yield view(race, lang, plots_due)
+                last_ui, last_plots = now, now if plots_due else last_plots
+    except NonFiniteLogitsError:
+        yield view(race, lang, True, t("stopped_nan", lang))
+        return
+    except Exception as err:  # out of memory, a broken checkpoint...: say so, keep serving
+        yield view(race, lang, True, t("stopped_failed", lang, err=f"{err.__class__.__name__}: {err}"))
+        return
+    yield view(race, lang, True)
+
+
+def refused(err: Exception) -> gr.Error:
+    """A visitor's request refused: one log line, no traceback (a real failure keeps Gradio's)."""
+    print(f"refused: {err}", flush=True)
+    return gr.Error(str(err), print_exception=False)
+
+
+def api_generate(manager, limits, prompt, settings: dict, request=None):
+    """Runs plain and speculative decoding. Yields a progress dict ({"done": False, ...}) each round, so that a
+    cancelled or disconnected client stops the work within a round, and ends with both texts and their statistics."""
+    pair = manager.pair
+    if pair is None:
+        raise refused(ValueError("No model is loaded yet: " + manager.status))
+    if not isinstance(prompt, str):  # token ids would pass around the chat template and its control tokens
+        raise refused(ValueError(f"prompt must be text (a string), got {type(prompt).__name__}"))
+    try:
+        wanted = ask(settings)
+        race = start_race(pair, prompt, wanted.cfg, wanted.drafter)
+        with admitted(limits, request, wanted):
+            yield from _rounds(race)
+    except (ValueError, NonFiniteLogitsError) as err:
+        raise refused(err) from None
+    except Exception as err:  # out of memory, a broken checkpoint...
+        raise gr.Error(f"The generation failed ({err.__class__.__name__}: {err}).") from None
+    decode = lambda ids: pair.tokenizer.decode(ids, skip_special_tokens=True)
+    spec, plain = race.spec.stats, race.plain.stats
+    yield {"done": True, "text": decode(race.spec.token_ids), "token_ids": race.spec.token_ids,
+           "plain_text": decode(race.plain.token_ids), "identical": race.identical, "pair": pair.name,
+           "speedup": spec.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else None,
+           "stats": spec.to_dict(), "plain_stats": plain.to_dict()}
+
+
+@on_gpu
+def _rounds(race: Race):
+    while advance(race):
+        yield {"done": False, "tokens": len(race.spec.token_ids), "plain_tokens": len(race.plain.token_ids)}

@@ -1,0 +1,3 @@
+from .prompts import main
+
+main()

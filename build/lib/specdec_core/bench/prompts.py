@@ -1,0 +1,451 @@
+"""Benchmark: plain vs speculative decoding (and transformers' assisted generation) on a prompt set.
+
+python -m specdec_core.bench --pair bundled --json out.json [--compare-hf] [--peer llama.cpp] [--repeats 2]
+    [--k 16] [--min-confidence 0.35] [--max-new-tokens 128] ... (SpecConfig's defaults) [--drafter model]
+
+Speeds are compared as ratios measured in the same run, after a warm-up.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import platform
+import re
+import resource
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from .. import SpecConfig, generate, load_pair, make_drafter
+from ..engine import encode_request
+from ..models import first_divergence
+from ..models.quant import QUANT_MODES
+from ..models.step import DecodeStep, Int4Product
+from ..sampling import warp
+from ..theory import measured_costs, predicted_speedup
+from ..timing import contexts_ms, median_ms, pass_ms, prompt_ms
+from .peer import agreeing
+
+NOT_FLAGS = ("chat", "record_top", "tree_nodes", "guess")  # SpecConfig's fields that are not flags (--tree, --guess: lists)
+STAT_KEYS = ("tokens", "seconds", "tokens_per_s")
+OWN_KEYS = STAT_KEYS + ("prefill_s", "decode_tokens_per_s")
+SPEC_KEYS = OWN_KEYS + ("acceptance_rate", "accepted_fraction", "mean_accepted_length", "tokens_per_round",
+                         "draft_s", "verify_s", "overhead_s", "rounds")
+
+
+def pick(stats, keys) -> dict:
+    return {k: getattr(stats, k) for k in keys}
+
+
+ASSISTANT_KEYS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+
+
+def hf_assisted(pair, prompt_ids: list[int], cfg: SpecConfig, constant_k: int = 0) -> dict:
+    """transformers' own assisted generation on the same checkpoints, dtype and settings.
+
+    Its default (transformers 5): up to 20 draft tokens a round, cut short where the draft's own
+    confidence falls below a threshold (0.4, then tuned during the run). constant_k: exactly that many
+    draft tokens a round. transformers reads both from the draft's generation config, not from
+    generate()'s arguments, so that is where they are set (and restored afterwards)."""
+    ids = torch.tensor([prompt_ids], device=pair.device)
+    kwargs = dict(max_new_tokens=cfg.max_new_tokens, assistant_model=pair.draft, eos_token_id=sorted(pair.eos_ids),
+                  pad_token_id=pair.tokenizer.pad_token_id, do_sample=not cfg.greedy)
+    if not cfg.greedy:
+        kwargs.update(temperature=cfg.temperature, top_k=cfg.top_k or None, top_p=cfg.top_p)
+    assistant = pair.draft.generation_config
+    before = {key: getattr(assistant, key, None) for key in ASSISTANT_KEYS}
+    if constant_k:
+        for key, value in zip(ASSISTANT_KEYS, (constant_k, "constant", 0.0)):
+            setattr(assistant, key, value)
+    t0 = time.perf_counter()
+    try:
+        with torch.inference_mode():
+            out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+    finally:
+        for key, value in before.items():
+            setattr(assistant, key, value)
+    seconds = time.perf_counter() - t0
+    tokens = out.shape[1] - ids.shape[1]
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+            "schedule": "constant" if constant_k else "default", "token_ids": out[0, ids.shape[1]:].tolist()}
+
+
+def run_prediction(ar, spec, cfg) -> float:
+    """What the cost model predicts from this run's own measurements (acceptance, step times) for
+    the draft lengths it used; for trees, from the draft's own expectation of each tree and the rounds' cost."""
+    a, c, v = measured_costs(ar.stats, spec.stats)
+    if cfg.tree_nodes:  # a round costs its draft (c per node drafted) and its pass
+        rounds = spec.stats.rounds
+        return (1 + sum(e.expected for e in spec.events) / rounds) / (c * spec.stats.drafted / rounds + v)
+    return predicted_speedup(a, [len(e.drafted) for e in spec.events], c, v)
+
+
+def fastest(runs: list, seconds) -> object:
+    """The fastest of repeated runs: on a shared machine, noise only ever adds time."""
+    return min(runs, key=seconds)
+
+
+def run_prompt(pair, item, cfg, drafter_name, compare_hf, hf_k, repeats=1, peer=None) -> dict:
+    ids = encode_request(pair, item["prompt"], cfg)
+    ars, specs, hfs, peers = [], [], [], []
+    for _ in range(repeats):  # interleaved, so that a slow spell of the machine hits every method
+        ars.append(generate(pair, ids, cfg, "autoregressive"))
+        specs.append(generate(pair, ids, cfg, drafter=make_drafter(pair, drafter_name, cfg)))
+        if compare_hf:
+            hfs.append([hf_assisted(pair, ids, cfg, constant_k) for constant_k in (0, hf_k)])
+        if peer is not None:  # as many tokens as ours wrote
+            peers.append(peer.generate(ids, cfg, len(ars[-1].token_ids)))
+    ar, spec = fastest(ars, lambda r: r.stats.seconds), fastest(specs, lambda r: r.stats.seconds)
+    entry = {"id": item["id"], "category": item.get("category", ""), "prompt_tokens": len(ids),
+             "ar": pick(ar.stats, OWN_KEYS),
+             "spec": {**pick(spec.stats, SPEC_KEYS), "drafted_per_round": spec.stats.drafted / spec.stats.rounds,
+                      "depth_per_round": statistics.mean(e.depth for e in spec.events),
+                      "draft_steps_per_round": statistics.mean(e.draft_steps for e in spec.events)},
+             "speedup": spec.stats.tokens_per_s / ar.stats.tokens_per_s,
+             "decode_speedup": spec.stats.decode_tokens_per_s / ar.stats.decode_tokens_per_s,
+             "predicted_speedup": run_prediction(ar, spec, cfg),
+             "identical_to_ar": ar.token_ids == spec.token_ids,
+             "seconds_of_repeats": {"ar": [r.stats.seconds for r in ars], "spec": [r.stats.seconds for r in specs]}}
+    if not entry["identical_to_ar"] and cfg.greedy:  # sampled outputs differ by design: exact in distribution
+        entry["first_divergence"] = first_divergence(pair, ids, ar.token_ids, spec.token_ids)
+    if compare_hf:
+        runs = [fastest(list(schedule), lambda r: r["seconds"]) for schedule in zip(*hfs)]
+        best = max(runs, key=lambda r: r["tokens_per_s"])
+        entry["hf_assisted"] = {k: best[k] for k in STAT_KEYS + ("schedule",)}
+        entry["hf_runs"] = [{k: r[k] for k in STAT_KEYS + ("schedule",)} for r in runs]
+        entry["hf_identical_to_ar"] = best["token_ids"][: len(ar.token_ids)] == ar.token_ids
+        entry["speedup_vs_hf"] = spec.stats.tokens_per_s / best["tokens_per_s"]
+    if peers:  # another engine's numerics: its greedy output is its own, recorded, not expected to match
+        best = fastest(peers, lambda r: r["seconds"])
+        entry["peer"] = {k: best[k] for k in STAT_KEYS + ("prompt_s", "decode_tokens_per_s")} | {"name": peer.name}
+        entry["peer_agreeing_tokens"] = agreeing(best["token_ids"], ar.token_ids)
+        # decoding against decoding: the same token count, each engine's prompt time apart
+        entry["speedup_vs_peer"] = spec.stats.decode_tokens_per_s / best["decode_tokens_per_s"]
+        entry["ar_vs_peer"] = ar.stats.decode_tokens_per_s / best["decode_tokens_per_s"]
+    return entry
+
+
+def summarize_prompts(entries: list[dict]) -> dict:
+    med = lambda key: statistics.median(e[key] for e in entries)
+    out = {"speedup_median": med("speedup"), "speedup_min": min(e["speedup"] for e in entries),
+           "spec_tokens_per_s_median": statistics.median(e["spec"]["tokens_per_s"] for e in entries),
+           "ar_tokens_per_s_median": statistics.median(e["ar"]["tokens_per_s"] for e in entries),
+           "decode_speedup_median": med("decode_speedup"), "predicted_speedup_median": med("predicted_speedup"),
+           "measured_over_predicted_median": statistics.median(e["decode_speedup"] / e["predicted_speedup"]
+                                                               for e in entries),
+           "acceptance_rate_median": statistics.median(e["spec"]["acceptance_rate"] for e in entries),
+           "accepted_per_pass_mean": statistics.mean(e["spec"]["mean_accepted_length"] for e in entries),
+           "drafted_per_round_mean": statistics.mean(e["spec"]["drafted_per_round"] for e in entries),
+           "depth_per_round_mean": statistics.mean(e["spec"]["depth_per_round"] for e in entries),
+           "draft_steps_per_round_mean": statistics.mean(e["spec"]["draft_steps_per_round"] for e in entries),
+           "identical": sum(e["identical_to_ar"] for e in entries), "prompts": len(entries)}
+    if all("speedup_vs_hf" in e for e in entries):
+        out["speedup_vs_hf_median"] = med("speedup_vs_hf")
+        out["hf_speedup_median"] = statistics.median(e["hf_assisted"]["tokens_per_s"] / e["ar"]["tokens_per_s"]
+                                                     for e in entries)
+    if all("speedup_vs_peer" in e for e in entries):
+        out["peer_tokens_per_s_median"] = statistics.median(e["peer"]["tokens_per_s"] for e in entries)
+        out["speedup_vs_peer_median"] = med("speedup_vs_peer")
+        out["speedup_vs_peer_min"] = min(e["speedup_vs_peer"] for e in entries)
+        out["ar_vs_peer_median"] = med("ar_vs_peer")
+    return out
+
+
+def table(report: dict) -> str:
+    peer = all("peer" in e for e in report["prompts"])
+    rows = [f"{'prompt':<20}{'AR tok/s':>9}{'spec tok/s':>11}{'speedup':>8}{'decode':>7}{'pred.':>7}{'accept':>7}"
+            f"{'acc/rnd':>8}{'HF tok/s':>9}{'vs HF':>7}" + (f"{'tokens':>8}{'peer dec/s':>11}{'vs peer':>8}{'AR/peer':>8}{'agree':>6}" if peer else "") + "  same"]
+    for e in report["prompts"]:
+        hf = e.get("hf_assisted")
+        rows.append(f"{e['id']:<20}{e['ar']['tokens_per_s']:>9.2f}{e['spec']['tokens_per_s']:>11.2f}"
+                    f"{e['speedup']:>7.2f}x{e['decode_speedup']:>6.2f}x{e['predicted_speedup']:>6.2f}x"
+                    f"{e['spec']['acceptance_rate']:>7.2f}"
+                    f"{e['spec']['mean_accepted_length']:>8.2f}"
+                    + (f"{hf['tokens_per_s']:>9.2f}{e['speedup_vs_hf']:>6.2f}x" if hf else f"{'-':>9}{'-':>7}")
+                    + (f"{e['ar']['tokens']:>4}/{e['peer']['tokens']:<3}{e['peer']['decode_tokens_per_s']:>11.2f}"
+                       f"{e['speedup_vs_peer']:>7.2f}x{e['ar_vs_peer']:>7.2f}x{e['peer_agreeing_tokens']:>6}" if peer else "")
+                    + ("  yes" if e["identical_to_ar"] else "  sampled: another draw" if "first_divergence" not in e
+                       else f"  near-tie at {e['first_divergence']['position']} "
+                       f"(gap {e['first_divergence']['logprob_gap']:.3f})"))
+    s = report["summary"]
+    rows.append(f"median speedup {s['speedup_median']:.2f}x (min {s['speedup_min']:.2f}x), "
+                f"{s['spec_tokens_per_s_median']:.1f} against {s['ar_tokens_per_s_median']:.1f} tok/s; decode phase "
+                f"{s['decode_speedup_median']:.2f}x vs predicted {s['predicted_speedup_median']:.2f}x "
+                f"(ratio {s['measured_over_predicted_median']:.2f}); identical {s['identical']}/{s['prompts']}"
+                + (f", vs HF assisted {s['speedup_vs_hf_median']:.2f}x" if "speedup_vs_hf_median" in s else "")
+                + (f"; decoding against {report['peer']}'s plain decoding of as many tokens, prompts apart: "
+                   f"{s['speedup_vs_peer_median']:.2f}x median (min {s['speedup_vs_peer_min']:.2f}x), our plain "
+                   f"{s['ar_vs_peer_median']:.2f}x" if "speedup_vs_peer_median" in s else ""))
+    return "\n".join(rows)
+
+
+def costs_by_context(pair, contexts: list[int], k: int) -> dict:
+    """The target's one-token step and its (k+1)-token verification pass, and a draft step, at each context
+    length: what a long conversation costs each of them (milliseconds, median of 10 after warm-up, the contexts
+    timed in turn so that their ratio survives the machine's drift); and what a prompt of that length costs the
+    target and the draft (timed once each)."""
+    target = contexts_ms(pair, "target", contexts, (1, k + 1))
+    draft = contexts_ms(pair, "draft", contexts, (1,)) if pair.draft is not None else {}
+    return {c: {"step_ms": target[c][1], f"pass_{k + 1}_ms": target[c][k + 1],
+                "draft_step_ms": draft[c][1] if draft else None, "prompt_ms": prompt_ms(pair, "target", c),
+                "draft_prompt_ms": prompt_ms(pair, "draft", c) if draft else None} for c in contexts}
+
+
+def draft_step_table(pair, context: int = 128, reps: int = 30) -> dict:
+    """Where a draft step's time goes: per part of the model (all layers' attention blocks, MLPs and norms, the
+    head), milliseconds and megabytes of weights read, timed with hooks (each its share of a step timed without
+    them); sampling (warp and argmax) timed apart; what is left of a step is Python and dispatch outside those."""
+    lm, model = pair.cached("draft"), pair.draft
+    lm.prefill(list(range(1, context)))
+    x = torch.ones(1, dtype=torch.long, device=lm.device)
+
+    def step():
+        lm.forward(x, keep=1)
+        lm.crop(context - 1)
+
+    total = median_ms(step, lm.device, reps)
+    logits = lm.forward(x, keep=1)
+    lm.crop(context - 1)
+    sampling = {"ms": median_ms(lambda: warp(logits, 0.0)[0].argmax(-1), lm.device, reps), "mb": 0.0}
+    if lm.step is not None:
+        table = written_step_table(lm.step, model, reps)
+        table["sampling"] = sampling
+        table["attention, norms, rotation, cache and Python"] = {
+            "ms": max(total - sum(v["ms"] for v in table.values()), 0.0), "mb": 0.0}
+        return {"context": context, "step_ms": total, "target_step_ms": pass_ms(pair, "target", context, 1),
+                "parts": table}
+    layers = model.get_decoder().layers
+    parts = {"attention": [m.self_attn for m in layers], "mlp": [m.mlp for m in layers],
+             "norms": [n for m in layers for n in (m.input_layernorm, m.post_attention_layernorm)]
+             + [model.get_decoder().norm], "head": [model.get_output_embeddings()]}
+    spent = {name: 0.0 for name in parts}
+    hooks = []
+    for name, modules in parts.items():
+        for module in modules:
+            hooks.append(module.register_forward_pre_hook(lambda *a, name=name: spent.__setitem__(
+                name, spent[name] - time.perf_counter())))
+            hooks.append(module.register_forward_hook(lambda *a, name=name: spent.__setitem__(
+                name, spent[name] + time.perf_counter())))
+    try:
+        hooked = time.perf_counter()
+        for _ in range(reps):
+            step()
+        hooked = time.perf_counter() - hooked
+    finally:
+        for hook in hooks:
+            hook.remove()
+    # each part's share of the hooked steps, of a step timed without hooks (hooks slow a small model's steps)
+    table = {name: {"ms": spent[name] / hooked * total, "mb": megabytes(modules)} for name, modules in parts.items()}
+    table["sampling"] = sampling
+    table["python and dispatch"] = {"ms": max(total - sum(v["ms"] for name, v in table.items() if name != "sampling"), 0.0),
+                                    "mb": 0.0}
+    return {"context": context, "step_ms": total, "target_step_ms": pass_ms(pair, "target", context, 1), "parts": table}
+
+
+def written_step_table(step: DecodeStep, model, reps: int) -> dict:
+    """The written-out step's parts that read weights, each timed alone as a step runs it: every layer's int4
+    products in turn (so their weights come from memory, not a cache), and the head."""
+    products = [part for layer in step.layers for part in layer if isinstance(part, Int4Product)]
+    inputs = {p.in_features: torch.zeros(1, p.in_features, dtype=torch.bfloat16) for p in products}
+    head = model.get_output_embeddings()
+    hidden = inputs[step.hidden]
+
+    def all_products():
+        for product in products:
+            product(inputs[product.in_features])
+    return {"int4 projections": {"ms": median_ms(all_products, hidden.device, reps),
+                                 "mb": megabytes([m for p in products for m in p.linears])},
+            "head": {"ms": median_ms(lambda: head(hidden), hidden.device, reps), "mb": megabytes([head])}}
+
+
+def megabytes(modules) -> float:
+    """The weights (parameters and buffers) the modules read, in MB."""
+    return sum(t.numel() * t.element_size() for m in modules for t in [*m.parameters(), *m.buffers()]) / 1e6
+
+
+def drafts(settings: dict) -> str:
+    stop = settings.get("min_confidence")
+    return f"K≤{settings['k']} (cut below {stop:g})" if stop else f"K={settings['k']}"
+
+
+def chart(report: dict, path: Path) -> None:
+    """Median speedup over plain decoding per prompt category, for specdec and for transformers."""
+    import plotly.graph_objects as go
+
+    groups: dict[str, list[dict]] = {}
+    for e in report["prompts"]:
+        groups.setdefault(e["category"] or e["id"], []).append(e)
+    cats = list(groups)
+    series = [(f"specdec ({report['settings']['drafter']} drafter)", "#0072b2", lambda e: e["speedup"])]
+    if all("hf_assisted" in e for e in report["prompts"]):
+        series.append(("transformers assisted generation", "#e69f00",
+                       lambda e: e["hf_assisted"]["tokens_per_s"] / e["ar"]["tokens_per_s"]))
+    fig = go.Figure()
+    for name, color, value in series:
+        ys = [statistics.median(value(e) for e in groups[c]) for c in cats]
+        fig.add_bar(name=name, x=cats, y=ys, marker_color=color, text=[f"{y:.2f}×" for y in ys], textposition="outside")
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text="plain decoding")
+    weights = report["target_weights"].split(",")[0]
+    fig.update_layout(title=f"Speedup over plain decoding: {report['pair']} pair, {report['device']}, target {weights}, "
+                            f"{drafts(report['settings'])}, {report['settings']['max_new_tokens']} new tokens",
+                      yaxis_title="speedup (×), median per category", barmode="group", template="plotly_white",
+                      width=1000, height=500, legend=dict(orientation="h", y=-0.15))
+    fig.write_html(path.with_suffix(".html"), include_plotlyjs="cdn")
+    try:
+        fig.write_image(path)
+    except Exception as err:  # kaleido needs a Chrome/Chromium; the HTML chart is always written
+        print(f"PNG chart skipped ({err.__class__.__name__}: {err}); wrote {path.with_suffix('.html')}")
+
+
+def options(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m specdec_core.bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--pair", default="bundled", help="bundled | tiny | TARGET_ID,DRAFT_ID")
+    ap.add_argument("--prompts", default=str(Path(__file__).with_name("prompts.jsonl")))
+    for name, kind, default, help in SpecConfig.options(skip=NOT_FLAGS):  # as SpecConfig says them
+        flag = "--" + name.replace("_", "-")
+        if kind is bool:
+            ap.add_argument(flag, action="store_true", help=help)
+        else:
+            ap.add_argument(flag, type=kind, default=default, help=f"{help} (default {default})")
+    ap.add_argument("--drafter", default="model", choices=["model", "hybrid", "prompt-lookup", "early-exit"])
+    ap.add_argument("--json", default="bench.json")
+    ap.add_argument("--png", default=None, help="speedup chart (default: next to the JSON)")
+    ap.add_argument("--compare-hf", action="store_true")
+    ap.add_argument("--hf-k", type=int, default=4, help="transformers' constant schedule drafts this many")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--limit", type=int, default=0, help="only the first N prompts")
+    ap.add_argument("--repeats", type=int, default=1, help="run each method this many times; keep the fastest")
+    ap.add_argument("--draft-quant", default="int4", choices=[*QUANT_MODES, "off"],
+                    help="how the draft is quantised on CPUs (off: as loaded)")
+    ap.add_argument("--target-quant", default="auto",
+                    help="the target: auto (on CPUs: the bundled one on its GGUF's blocks, others int8), off (as loaded), int8, "
+                         "or int8:KERNEL (its product: vnni, onednn or fbgemm); a comma list compares them in one run")
+    ap.add_argument("--peer", default="none", choices=["none", "llama.cpp"],
+                    help="also time llama.cpp's plain decoding of the bundled target's GGUF (needs llama-cpp-python)")
+    ap.add_argument("--contexts", default="",
+                    help="comma list of context lengths: time a step and a pass at each, the contexts in turn, and a prompt of that length")
+    ap.add_argument("--draft-table", action="store_true", help="time where a draft step goes, part by part")
+    ap.add_argument("--draft-step", default="written",
+                    help="the draft's decoding step on CPUs: written (models/step.py) or general (transformers' forward); "
+                         "a comma list compares them in one run")
+    ap.add_argument("--tree", default="0",
+                    help="draft token trees of up to this many nodes (0: a chain); a comma list compares them in one run")
+    ap.add_argument("--guess", default=str(SpecConfig.guess),
+                    help="guesses a chain's draft step checks (0: none); a comma list compares them in one run")
+    args = ap.parse_args(argv)
+    if not set(args.draft_step.split(",")) <= {"written", "general"}:
+        raise SystemExit("--draft-step takes written, general or both")
+    if args.peer != "none" and args.pair != "bundled":
+        raise SystemExit("--peer llama.cpp decodes the bundled target's GGUF: use it with --pair bundled")
+    return args
+
+
+def load_variants(args, cfg: SpecConfig, prompt: str) -> tuple[dict, dict, dict]:
+    """Each target asked for (its own pair) with each tree size: {variant: pair}, {variant: cfg}, {variant: load s},
+    each warmed up on `prompt` (first calls pay for allocations and kernel selection; a tree's pass costs are timed)."""
+    target, _, draft = args.pair.partition(",")
+    trees, steps = [int(n) for n in args.tree.split(",")], args.draft_step.split(",")
+    guesses = [int(n) for n in args.guess.split(",")]
+    pairs, cfgs, load_s = {}, {}, {}
+    for quant in args.target_quant.split(","):
+        t0 = time.perf_counter()
+        pair = load_pair(target, draft or None, device=args.device, dtype=args.dtype, target_quant=quant,
+                         draft_quant=False if args.draft_quant == "off" else "auto", quant_mode=args.draft_quant)
+        quant, loaded = pair.info["target_quant"], pair  # "auto" resolved
+        for nodes, written, guess in itertools.product(trees, steps, guesses):
+            variant = ", ".join([quant] + [f"tree of {nodes}" if nodes else "chain"] * (len(trees) > 1)
+                                + [f"{written} draft step"] * (len(steps) > 1) + [f"guess {guess}"] * (len(guesses) > 1))
+            pairs[variant] = loaded if written == "written" else dataclasses.replace(loaded, steps={})
+            cfgs[variant], pair = dataclasses.replace(cfg, tree_nodes=nodes, guess=guess), pairs[variant]
+            load_s[variant] = time.perf_counter() - t0
+            warm = dataclasses.replace(cfgs[variant], max_new_tokens=8)
+            generate(pair, prompt, warm, "autoregressive")
+            generate(pair, prompt, warm, drafter=make_drafter(pair, args.drafter, cfgs[variant]))
+            if args.compare_hf:
+                hf_assisted(pair, encode_request(pair, prompt, warm), warm, args.hf_k)
+    return pairs, cfgs, load_s
+
+
+def describe(pair, cfg: SpecConfig, args, variant: str) -> dict:
+    """What a variant's report says of the models, the machine and the settings it ran."""
+    return {"pair": pair.name, "models": {"target": pair.info.get("target"), "draft": pair.info.get("draft")},
+            "device": str(pair.device), "dtype": str(pair.dtype).replace("torch.", ""),
+            "target_weights": pair.info.get("target_weights"),
+            "cpu_kernels": {k: pair.info[k] for k in ("draft_quant", "draft_int4", "packed", "target_int8")
+                            if k in pair.info},
+            "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", {torch.get_num_threads()} threads",
+            "settings": {**dataclasses.asdict(cfg), "drafter": args.drafter, "hf_k": args.hf_k, "repeats": args.repeats,
+                         "target_quant": variant.split(",")[0], "prompts": args.prompts},
+            "pass_costs": dataclasses.asdict(pair.pass_costs) if cfg.tree_nodes else None}
+
+
+def print_report(reports: dict) -> None:
+    for variant, one in reports.items():
+        print(f"{variant}: target weights {one['target_weights']}\n{table(one)}")
+        for context, costs in (one["costs_by_context"] or {}).items():
+            print(f"context {context}: " + ", ".join(f"{key} {value:.1f}" for key, value in costs.items() if value))
+        if one["draft_step"]:
+            d = one["draft_step"]
+            print(f"draft step {d['step_ms']:.2f} ms (target step {d['target_step_ms']:.2f} ms): "
+                  + ", ".join(f"{name} {v['ms']:.2f} ms / {v['mb']:.0f} MB" for name, v in d["parts"].items()))
+    if len(reports) > 1:
+        print(f"{'variant':<24}{'median speedup':>15}{'drafted/round':>14}{'draft steps/round':>18}{'accepted/pass':>14}")
+        for variant, one in reports.items():
+            s = one["summary"]
+            print(f"{variant:<24}{s['speedup_median']:>14.2f}x{s['drafted_per_round_mean']:>14.2f}"
+                  f"{s['draft_steps_per_round_mean']:>18.2f}{s['accepted_per_pass_mean']:>14.2f}")
+
+
+def costs_key(variant: str) -> str:
+    """What a variant's costs depend on: its target and its draft step, not its tree size or guesses."""
+    return ", ".join(part for part in variant.split(", ") if not part.startswith(("tree of", "chain", "guess")))
+
+
+def main(argv=None) -> dict:
+    args = options(argv)
+    cfg = SpecConfig(**{name: getattr(args, name) for name, *_ in SpecConfig.options(skip=NOT_FLAGS)})
+    items = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+    items = items[: args.limit] if args.limit else items
+    pairs, cfgs, load_s = load_variants(args, cfg, items[0]["prompt"])  # runs interleave prompt by prompt
+    peer = None
+    if args.peer == "llama.cpp":
+        from .peer import LlamaCppPeer
+        first = next(iter(pairs.values()))
+        peer = LlamaCppPeer(first.eos_ids)
+        peer.generate(encode_request(first, items[0]["prompt"], cfg), cfg, tokens=8)
+    extra = {}  # per target and draft step: the costs by context and the draft's table, timed before the prompts run
+    for variant, pair in pairs.items():
+        extra.setdefault(costs_key(variant), {
+            "costs_by_context": costs_by_context(pair, [int(c) for c in args.contexts.split(",")], cfg.k)
+            if args.contexts else None,
+            "draft_step": draft_step_table(pair) if args.draft_table and pair.draft is not None else None})
+    entries = {variant: [] for variant in pairs}
+    for item in items:
+        for variant, pair in pairs.items():
+            entries[variant].append(run_prompt(pair, item, cfgs[variant], args.drafter, args.compare_hf, args.hf_k,
+                                               args.repeats, peer))
+            e = entries[variant][-1]
+            print(f"{e['id']} ({variant}): {e['speedup']:.2f}x, {e['spec']['tokens_per_s']:.1f} tok/s, "
+                  f"acceptance {e['spec']['acceptance_rate']:.2f}", flush=True)
+    reports = {variant: {**describe(pair, cfgs[variant], args, variant), **extra[costs_key(variant)],
+                         "peer": peer and f"{peer.name} {peer.version} (plain decoding of the target's GGUF, Q4_K_M)",
+                         "load_s": load_s[variant], "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                         "prompts": entries[variant], "summary": summarize_prompts(entries[variant])}
+               for variant, pair in pairs.items()}
+    report = next(iter(reports.values())) if len(reports) == 1 else {"variants": reports}
+    Path(args.json).write_text(json.dumps(report, indent=2))
+    for variant, one in reports.items():
+        png = Path(args.png) if args.png else Path(args.json).with_suffix(".png")
+        slug = re.sub(r"[^a-z0-9]+", "-", variant.lower()).strip("-")
+        chart(one, png if len(reports) == 1 else png.with_name(f"{png.stem}-{slug}{png.suffix}"))
+    print_report(reports)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""What the core says when it refuses a request. Each refusal has a key and its values, so that an app can say it
+in its visitor's language (the app keeps its translations of these keys); str() is the English text."""
+from __future__ import annotations
+
+MESSAGES = {
+    "not_integer": "{name} must be an integer, got {value}",
+    "not_number": "{name} must be a finite number, got {value}",
+    "k_range": "k (draft length) must be between 1 and {limit}, got {value}",
+    "max_new_tokens_range": "max_new_tokens must be between 1 and {limit}, got {value}",
+    "temperature_range": "temperature must be between 0 and {limit}, got {value}",
+    "top_p_range": "top_p must be in (0, 1], got {value}",
+    "top_k_range": "top_k must be 0 (off) or positive, got {value}",
+    "seed_range": "seed must be between 0 and 2**63-1, got {value}",
+    "min_confidence_range": "min_confidence must be in [0, 1), got {value}",
+    "tree_nodes_range": "tree_nodes must be between 0 (a chain) and {limit}, got {value}",
+    "guess_range": "guess must be between 0 (off) and {limit}, got {value}",
+    "record_top_range": "record_top must be >= 0, got {value}",
+    "prompt_empty": "The prompt is empty: type something to generate from.",
+    "prompt_chars": "The prompt is {n:,} characters; the limit is {limit:,}.",
+    "prompt_no_tokens": "The prompt encodes to no tokens.",
+    "prompt_context": "The prompt is {n} tokens; with max_new_tokens={new} that exceeds the model's context of "
+                      "{context} tokens. Shorten the prompt or ask for fewer tokens.",
+    "method_unknown": "method must be 'speculative' or 'autoregressive', got {value}",
+    "no_draft": "The pair {pair} has no draft model; choose prompt-lookup or early-exit.",
+    "drafter_unknown": "Unknown drafter {value}: use model, hybrid, prompt-lookup or early-exit.",
+    "early_exit_layers": "Early exit needs 1 <= layers < {total}, got {value}: this target is too shallow.",
+    "custom_pair_ids": "A custom pair needs both a target and a draft model id (or directory).",
+    "tokenizers_differ": "The draft {draft} and the target {target} use different tokenizers; speculative decoding "
+                         "needs one vocabulary.",
+}
+
+
+ECHO_CHARS = 80  # a value quoted back is cut to this many characters
+
+
+def cut(value, limit: int = ECHO_CHARS):
+    """`value` as it is if it is a number, else its text cut to `limit` characters."""
+    if isinstance(value, (int, float)):
+        return value
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class Refusal(ValueError):
+    """A refusal said with a key and its values; str() is the English text (the API, logs, the terminal)."""
+
+    table = MESSAGES
+
+    def __init__(self, key: str, **values):
+        values = {name: cut(value) for name, value in values.items()}
+        super().__init__(self.table[key].format(**values))
+        self.key, self.values = key, values

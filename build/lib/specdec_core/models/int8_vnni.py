@@ -1,0 +1,63 @@
+"""The int8 target's product of our own (int8_vnni.c) for x86 CPUs with AVX-512 VNNI, built on first use.
+
+fbgemm's dynamic int8 product costs 2 to 2.6 times as much for the 10 to 17 rows of a verification pass as for
+a step's one row; this one reads each weight once for six rows at a time, so a pass costs little more than a
+step. It is built on first use (native.py). Where the CPU lacks VNNI or no compiler is found,
+`library()` says why and the target keeps PyTorch's kernels.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from .native import AVX512_VNNI, AVX512_VNNI_FLAGS, load
+
+SOURCE = Path(__file__).with_name("int8_vnni.c")
+FLAGS = ["-O3", *AVX512_VNNI_FLAGS, "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
+NEEDS = AVX512_VNNI
+
+
+@functools.cache
+def library() -> tuple[ctypes.CDLL | None, str]:
+    """(the built kernel, "") or (None, why there is none). Where the CPU could run it but it cannot be built,
+    a warning says so once: the target then keeps fbgemm's product, exact but slower in a pass."""
+    lib, why = load(SOURCE, FLAGS, NEEDS, "the int8 target's own product is not used: {why}; it keeps fbgemm's")
+    if lib is not None:
+        lib.int8_vnni_mm.restype = ctypes.c_int
+        lib.int8_vnni_mm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
+    return lib, why
+
+
+def fits(in_features: int) -> bool:
+    return in_features % 4 == 0 and library()[0] is not None
+
+
+class Int8Product:
+    """An int8 weight [N, K] and its float scale per output, in the kernel's layout, outputs padded to 32."""
+
+    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
+        n, k = qweight.shape
+        pad = -n % 32
+        self.out_features, self.in_features = n, k
+        q = torch.cat([qweight, qweight.new_zeros(pad, k)]) if pad else qweight
+        self.weight = q.view(-1, 16, k // 4, 4).transpose(1, 2).contiguous()
+        self.colsum = q.sum(1, dtype=torch.int32)
+        grow = lambda t: torch.cat([t.float(), t.new_zeros(pad, dtype=torch.float32)]).contiguous()
+        self.scale = grow(scale)
+        self.bias = None if bias is None else grow(bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] float32 -> [M, N] float32."""
+        if x.dim() != 2 or x.shape[1] != self.in_features or x.dtype != torch.float32:
+            raise ValueError(f"the int8 product takes float32 rows of {self.in_features}, got {x.dtype} {tuple(x.shape)}")
+        x = x.contiguous()
+        y = torch.empty(len(x), len(self.scale))
+        lib = library()[0]
+        if lib.int8_vnni_mm(self.weight.data_ptr(), self.colsum.data_ptr(), self.scale.data_ptr(),
+                            None if self.bias is None else self.bias.data_ptr(), x.data_ptr(),
+                            len(x), len(self.scale), self.in_features, y.data_ptr(), torch.get_num_threads()):
+            raise MemoryError("no memory for the int8 product's rounded rows")
+        return y[:, : self.out_features]

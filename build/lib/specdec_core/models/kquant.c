@@ -1,0 +1,368 @@
+/* The target's product on the GGUF's own Q4_K and Q6_K blocks: y = x W^T + bias.
+
+   A block holds 256 inputs of one output. Q4_K: w = d * sc[j] * q - dmin * m[j], q in 0..15, eight sub-blocks j of 32
+   inputs with 6-bit sc and m. Q6_K: w = d * sc[j] * (q - 32), q in 0..63, sixteen sub-blocks of 16 with int8 sc.
+   Each row of x is rounded to int8 per block of 256 (xq = rint(x * 127 / amax), dx = amax / 127), so a block's
+   contribution is an integer sum, exact in any order, turned into floats by the same few operations for every row:
+       Q4_K: acc += (d * float(sum_j sc_j * dot_j) - dmin * float(sum_j m_j * xsum_j)) * dx
+       Q6_K: acc += (d * float(sum_j sc_j * dot_j - 32 * sum_j sc_j * xsum_j)) * dx
+   over the blocks in order, then + bias. A row's output is therefore the same, bit for bit, whatever rows come
+   with it: that is what lets a verification pass reproduce a one-token step.
+
+   Layout (kquant_pack): the blocks of 16 outputs side by side, so that a vector lane is an output and an
+   activation's 4 bytes are broadcast. Per 16 outputs and block, lossless (the same numbers as the file's):
+     Q4_K, 2368 bytes: d[16] fp16, dmin[16] fp16, sc pairs [4][16][2] u8, m pairs [4][16][2] u8,
+                       qs [32][16 outputs][4]: byte (o, t) of chunk c holds q[o][8c + t] low, q[o][8c + 4 + t] high.
+     Q6_K, 3360 bytes: d[16] fp16, sc pairs [8][16][2] int8, the low nibbles as Q4_K's qs,
+                       qh [16][16][4]: byte (o, t) of sub-block s holds the high 2 bits of q[o][16s + 4i + t] at 2i.
+   Built with AVX-512 VNNI (vpdpbusd: weights as unsigned bytes, activations signed) where the CPU has it, else as
+   portable C. Both compute the same integers and the same float operations, so both give the same bits. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define QK 256
+#define Q4_RAW 144
+#define Q6_RAW 210
+#define Q4_PACKED 2368
+#define Q6_PACKED 3360
+#define ROWS 6 /* rows per tile: each weight is read once for up to ROWS rows */
+#define AHEAD 2048 /* bytes of weights prefetched ahead: hardware prefetching alone leaves the loads waiting */
+
+/* ---- the file's blocks -> plain values ---- */
+
+static float half_to_float(uint16_t h) {  /* exact */
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 31, man = h & 1023, bits;
+    if (exp == 0) {
+        if (man == 0) bits = sign;
+        else {  /* subnormal: normalise */
+            exp = 113;
+            while (!(man & 1024)) { man <<= 1; exp--; }
+            bits = sign | (exp << 23) | ((man & 1023) << 13);
+        }
+    } else if (exp == 31) bits = sign | 0x7f800000u | (man << 13);
+    else bits = sign | ((exp + 112) << 23) | (man << 13);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static void q4_unpack(const uint8_t* b, uint8_t* q, uint8_t* sc, uint8_t* m) {
+    const uint8_t* s = b + 4;
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) { sc[j] = s[j] & 63; m[j] = s[j + 4] & 63; }
+        else {
+            sc[j] = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+            m[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+        }
+    }
+    const uint8_t* qs = b + 16;
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+            q[c * 64 + l] = qs[c * 32 + l] & 15;
+            q[c * 64 + 32 + l] = qs[c * 32 + l] >> 4;
+        }
+}
+
+static void q6_unpack(const uint8_t* b, uint8_t* q, int8_t* sc) {
+    const uint8_t *ql = b, *qh = b + 128;
+    memcpy(sc, b + 192, 16);
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t lo = ql[h * 64 + l], lo2 = ql[h * 64 + 32 + l], hi = qh[h * 32 + l];
+            uint8_t* o = q + h * 128 + l;
+            o[0] = (lo & 15) | ((hi & 3) << 4);
+            o[32] = (lo2 & 15) | (((hi >> 2) & 3) << 4);
+            o[64] = (lo >> 4) | (((hi >> 4) & 3) << 4);
+            o[96] = (lo2 >> 4) | (((hi >> 6) & 3) << 4);
+        }
+}
+
+/* the low nibbles of 16 outputs' 256 values (q[o][k]) in chunks of 8 inputs */
+static void put_nibbles(uint8_t* dst, uint8_t q[16][QK]) {
+    for (int c = 0; c < 32; c++)
+        for (int o = 0; o < 16; o++)
+            for (int t = 0; t < 4; t++)
+                dst[c * 64 + o * 4 + t] = (q[o][8 * c + t] & 15) | ((q[o][8 * c + 4 + t] & 15) << 4);
+}
+
+/* raw: N outputs, each K / 256 blocks in the file's layout; out: the packed layout. kind 4 (Q4_K) or 6 (Q6_K). */
+void kquant_pack(const uint8_t* raw, int N, int K, int kind, uint8_t* out) {
+    const int nb = K / QK, raw_size = kind == 4 ? Q4_RAW : Q6_RAW, size = kind == 4 ? Q4_PACKED : Q6_PACKED;
+    #pragma omp parallel for schedule(static)
+    for (int g = 0; g < N / 16; g++) {
+        uint8_t q[16][QK];
+        for (int b = 0; b < nb; b++) {
+            uint8_t* dst = out + ((size_t)g * nb + b) * size;
+            uint16_t* d = (uint16_t*)dst;
+            for (int o = 0; o < 16; o++) {
+                const uint8_t* src = raw + ((size_t)(g * 16 + o) * nb + b) * raw_size;
+                if (kind == 4) {
+                    uint8_t sc[8], m[8];
+                    q4_unpack(src, q[o], sc, m);
+                    memcpy(d + o, src, 2);        /* d */
+                    memcpy(d + 16 + o, src + 2, 2);  /* dmin */
+                    for (int p = 0; p < 4; p++) {
+                        dst[64 + p * 32 + o * 2] = sc[2 * p], dst[64 + p * 32 + o * 2 + 1] = sc[2 * p + 1];
+                        dst[192 + p * 32 + o * 2] = m[2 * p], dst[192 + p * 32 + o * 2 + 1] = m[2 * p + 1];
+                    }
+                } else {
+                    int8_t sc[16];
+                    q6_unpack(src, q[o], sc);
+                    memcpy(d + o, src + 208, 2);
+                    for (int p = 0; p < 8; p++) {
+                        dst[32 + p * 32 + o * 2] = (uint8_t)sc[2 * p];
+                        dst[32 + p * 32 + o * 2 + 1] = (uint8_t)sc[2 * p + 1];
+                    }
+                }
+            }
+            if (kind == 4) put_nibbles(dst + 320, q);
+            else {
+                put_nibbles(dst + 288, q);
+                for (int s = 0; s < 16; s++)
+                    for (int o = 0; o < 16; o++)
+                        for (int t = 0; t < 4; t++) {
+                            uint8_t v = 0;
+                            for (int i = 0; i < 4; i++) v |= (q[o][16 * s + 4 * i + t] >> 4) << (2 * i);
+                            dst[2336 + s * 64 + o * 4 + t] = v;
+                        }
+            }
+        }
+    }
+}
+
+/* ---- a row's activations, rounded per block ---- */
+
+typedef struct {
+    int8_t* q;      /* [M][K] */
+    float* dx;      /* [M][nb] */
+    int32_t* p16;   /* [M][nb][8]: sums of sub-blocks of 16, two int16 a lane (2p low, 2p + 1 high) */
+    int32_t* p32;   /* [M][nb][4]: the same over sub-blocks of 32 */
+} Rows;
+
+static void round_row(const float* x, int K, int8_t* q, float* dx, int32_t* p16, int32_t* p32) {
+    for (int b = 0; b < K / QK; b++) {
+        const float* xb = x + b * QK;
+        float top = 0.f;
+        for (int k = 0; k < QK; k++) top = fmaxf(top, fabsf(xb[k]));
+        const float inv = top > 0.f ? 127.f / top : 0.f;
+        int sums[16];
+        for (int s = 0; s < 16; s++) {
+            int sum = 0;
+            for (int k = 16 * s; k < 16 * s + 16; k++) {
+                int v = (int)rintf(xb[k] * inv);
+                q[b * QK + k] = (int8_t)v;
+                sum += v;
+            }
+            sums[s] = sum;
+        }
+        dx[b] = top / 127.f;
+        for (int p = 0; p < 8; p++)
+            p16[b * 8 + p] = (int32_t)((uint32_t)(uint16_t)sums[2 * p] | ((uint32_t)(uint16_t)sums[2 * p + 1] << 16));
+        for (int p = 0; p < 4; p++) {
+            int a = sums[4 * p] + sums[4 * p + 1], c = sums[4 * p + 2] + sums[4 * p + 3];
+            p32[b * 4 + p] = (int32_t)((uint32_t)(uint16_t)a | ((uint32_t)(uint16_t)c << 16));
+        }
+    }
+}
+
+#ifdef __AVX512VNNI__
+#include <immintrin.h>
+#define INLINE static inline __attribute__((always_inline))
+
+/* 16 outputs (group g) for `rows` rows from m0; acc holds a float vector a row */
+INLINE void q4_tile(const uint8_t* w, int nb, const Rows* x, int K, int m0, const int rows, __m512* acc) {
+    const __m512i low = _mm512_set1_epi8(15), half = _mm512_set1_epi32(0xffff);
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++, w += Q4_PACKED) {
+        __m512i isum[ROWS];
+        for (int r = 0; r < rows; r++) isum[r] = _mm512_setzero_si512();
+        for (int p = 0; p < 4; p++) {
+            const __m512i scs = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(w + 64 + p * 32)));
+            for (int h = 0; h < 2; h++) {
+                const int j = 2 * p + h;
+                const __m512i sc = h ? _mm512_srli_epi32(scs, 16) : _mm512_and_si512(scs, half);
+                __m512i dot[ROWS];
+                for (int r = 0; r < rows; r++) dot[r] = _mm512_setzero_si512();
+                for (int c = 4 * j; c < 4 * j + 4; c++) {
+                    _mm_prefetch((const char*)(w + 320 + c * 64 + AHEAD), _MM_HINT_T0);
+                    const __m512i v = _mm512_loadu_si512(w + 320 + c * 64);
+                    const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                    for (int r = 0; r < rows; r++) {
+                        const int32_t* xr = (const int32_t*)(x->q + (size_t)(m0 + r) * K + b * QK + 8 * c);
+                        dot[r] = _mm512_dpbusd_epi32(dot[r], lo, _mm512_set1_epi32(xr[0]));
+                        dot[r] = _mm512_dpbusd_epi32(dot[r], hi, _mm512_set1_epi32(xr[1]));
+                    }
+                }
+                for (int r = 0; r < rows; r++) isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(dot[r], sc));
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)w));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(w + 32)));
+        for (int r = 0; r < rows; r++) {  /* the mins' term: sum_j m_j * xsum_j, two sub-blocks an instruction */
+            __m512i msum = _mm512_setzero_si512();
+            for (int p = 0; p < 4; p++)
+                msum = _mm512_dpwssd_epi32(msum, _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(w + 192 + p * 32))),
+                                           _mm512_set1_epi32(x->p32[((size_t)(m0 + r) * nb + b) * 4 + p]));
+            const __m512 v = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(isum[r])),
+                                           _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(msum)));
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(v, _mm512_set1_ps(x->dx[(size_t)(m0 + r) * nb + b])));
+        }
+    }
+}
+
+INLINE void q6_tile(const uint8_t* w, int nb, const Rows* x, int K, int m0, const int rows, __m512* acc) {
+    const __m512i low = _mm512_set1_epi8(15), crumbs02 = _mm512_set1_epi8(0x33), crumbs13 = _mm512_set1_epi8((char)0xCC);
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++, w += Q6_PACKED) {
+        __m512i isum[ROWS];
+        for (int r = 0; r < rows; r++) isum[r] = _mm512_setzero_si512();
+        for (int p = 0; p < 8; p++) {
+            const __m512i scs = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(w + 32 + p * 32)));
+            for (int h = 0; h < 2; h++) {
+                const int s = 2 * p + h;
+                const __m512i sc = h ? _mm512_srai_epi32(scs, 16) : _mm512_srai_epi32(_mm512_slli_epi32(scs, 16), 16);
+                _mm_prefetch((const char*)(w + 288 + 2 * s * 64 + AHEAD), _MM_HINT_T0);
+                _mm_prefetch((const char*)(w + 288 + (2 * s + 1) * 64 + AHEAD), _MM_HINT_T0);
+                _mm_prefetch((const char*)(w + 2336 + s * 64 + AHEAD), _MM_HINT_T0);
+                const __m512i qh = _mm512_loadu_si512(w + 2336 + s * 64);
+                const __m512i v0 = _mm512_loadu_si512(w + 288 + 2 * s * 64), v1 = _mm512_loadu_si512(w + 288 + (2 * s + 1) * 64);
+                /* crumbs 0 and 2 (bits 0-1, 4-5), 1 and 3 (2-3, 6-7) of qh, each moved to bits 4-5 over the nibble:
+                   (A & 0x0F) | (B & 0xF0) is one vpternlogd (0xCA: the mask picks A, else B), and what a 16-bit shift brings in stays out */
+                const __m512i qa = _mm512_and_si512(qh, crumbs02), qb = _mm512_and_si512(qh, crumbs13);
+                const __m512i q[4] = {
+                    _mm512_ternarylogic_epi32(low, v0, _mm512_slli_epi16(qa, 4), 0xCA),
+                    _mm512_ternarylogic_epi32(low, _mm512_srli_epi16(v0, 4), _mm512_slli_epi16(qb, 2), 0xCA),
+                    _mm512_ternarylogic_epi32(low, v1, qa, 0xCA),
+                    _mm512_ternarylogic_epi32(low, _mm512_srli_epi16(v1, 4), _mm512_srli_epi16(qb, 2), 0xCA),
+                };
+                for (int r = 0; r < rows; r++) {
+                    const int32_t* xr = (const int32_t*)(x->q + (size_t)(m0 + r) * K + b * QK + 16 * s);
+                    __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], _mm512_set1_epi32(xr[0]));
+                    dot = _mm512_dpbusd_epi32(dot, q[1], _mm512_set1_epi32(xr[1]));
+                    dot = _mm512_dpbusd_epi32(dot, q[2], _mm512_set1_epi32(xr[2]));
+                    dot = _mm512_dpbusd_epi32(dot, q[3], _mm512_set1_epi32(xr[3]));
+                    isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(dot, sc));
+                }
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)w));
+        for (int r = 0; r < rows; r++) {  /* the offset's term: 32 sum_j sc_j * xsum_j, two sub-blocks an instruction */
+            __m512i csum = _mm512_setzero_si512();
+            for (int p = 0; p < 8; p++)
+                csum = _mm512_dpwssd_epi32(csum, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(w + 32 + p * 32))),
+                                           _mm512_set1_epi32(x->p16[((size_t)(m0 + r) * nb + b) * 8 + p]));
+            const __m512i total = _mm512_sub_epi32(isum[r], _mm512_slli_epi32(csum, 5));
+            const __m512 v = _mm512_mul_ps(d, _mm512_cvtepi32_ps(total));
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(v, _mm512_set1_ps(x->dx[(size_t)(m0 + r) * nb + b])));
+        }
+    }
+}
+
+#define TILE(fn) \
+    switch (rows) { case 1: fn(w, nb, x, K, m0, 1, acc); break; case 2: fn(w, nb, x, K, m0, 2, acc); break; \
+                    case 3: fn(w, nb, x, K, m0, 3, acc); break; case 4: fn(w, nb, x, K, m0, 4, acc); break; \
+                    case 5: fn(w, nb, x, K, m0, 5, acc); break; default: fn(w, nb, x, K, m0, ROWS, acc); }
+
+static void group(const uint8_t* w, int nb, const Rows* x, int K, int M, int kind, const float* bias, float* y, int N, int g) {
+    for (int m0 = 0; m0 < M; m0 += ROWS) {
+        const int rows = M - m0 < ROWS ? M - m0 : ROWS;
+        __m512 acc[ROWS];
+        if (kind == 4) { TILE(q4_tile) } else { TILE(q6_tile) }
+        for (int r = 0; r < rows; r++) {
+            __m512 v = acc[r];
+            if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + g * 16));
+            _mm512_storeu_ps(y + (size_t)(m0 + r) * N + g * 16, v);
+        }
+    }
+}
+
+#else  /* portable C: the same integers and float operations, one output lane at a time */
+
+static void group(const uint8_t* w, int nb, const Rows* x, int K, int M, int kind, const float* bias, float* y, int N, int g) {
+    const int size = kind == 4 ? Q4_PACKED : Q6_PACKED;
+    for (int m = 0; m < M; m++) {
+        float acc[16] = {0};
+        for (int b = 0; b < nb; b++) {
+            const uint8_t* blk = w + (size_t)b * size;
+            const int8_t* xq = x->q + (size_t)m * K + b * QK;
+            const int32_t* p16 = x->p16 + ((size_t)m * nb + b) * 8;
+            const int32_t* p32 = x->p32 + ((size_t)m * nb + b) * 4;
+            const float dx = x->dx[(size_t)m * nb + b];
+            for (int o = 0; o < 16; o++) {
+                int32_t isum = 0, msum = 0;
+                const uint8_t* nib = blk + (kind == 4 ? 320 : 288);
+                for (int k = 0; k < QK; k++) {
+                    const int c = k / 8, t = k % 4, high = (k % 8) >= 4;
+                    int q = (nib[c * 64 + o * 4 + t] >> (4 * high)) & 15;
+                    if (kind == 6) q |= ((blk[2336 + (k / 16) * 64 + o * 4 + t] >> (2 * ((k % 16) / 4))) & 3) << 4;
+                    const int j = kind == 4 ? k / 32 : k / 16;
+                    const int sc = kind == 4 ? blk[64 + (j / 2) * 32 + o * 2 + j % 2] : (int8_t)blk[32 + (j / 2) * 32 + o * 2 + j % 2];
+                    isum += sc * q * xq[k];
+                }
+                if (kind == 4) {
+                    for (int p = 0; p < 4; p++)
+                        msum += blk[192 + p * 32 + o * 2] * (int16_t)(p32[p] & 0xffff) + blk[192 + p * 32 + o * 2 + 1] * (int16_t)(p32[p] >> 16);
+                    const float d = half_to_float(((const uint16_t*)blk)[o]), dmin = half_to_float(((const uint16_t*)blk)[16 + o]);
+                    const float v = d * (float)isum - dmin * (float)msum;
+                    acc[o] = acc[o] + v * dx;
+                } else {
+                    for (int p = 0; p < 8; p++)
+                        msum += (int8_t)blk[32 + p * 32 + o * 2] * (int16_t)(p16[p] & 0xffff)
+                              + (int8_t)blk[32 + p * 32 + o * 2 + 1] * (int16_t)(p16[p] >> 16);
+                    const float v = half_to_float(((const uint16_t*)blk)[o]) * (float)(isum - 32 * msum);
+                    acc[o] = acc[o] + v * dx;
+                }
+            }
+        }
+        for (int o = 0; o < 16; o++) y[(size_t)m * N + g * 16 + o] = bias ? acc[o] + bias[g * 16 + o] : acc[o];
+    }
+}
+#endif
+
+/* w: the packed weights [N / 16][K / 256][block]; x [M][K], y [M][N] float32; bias [N] or NULL.
+   Returns 0, or -1 when memory for the rounded rows could not be had. */
+int kquant_mm(const uint8_t* w, int kind, const float* bias, const float* x, int M, int N, int K, float* y, int threads) {
+    const int nb = K / QK, size = kind == 4 ? Q4_PACKED : Q6_PACKED;
+    Rows r = {malloc((size_t)M * K), malloc(sizeof(float) * (size_t)M * nb),
+              malloc(sizeof(int32_t) * (size_t)M * nb * 8), malloc(sizeof(int32_t) * (size_t)M * nb * 4)};
+    if (!r.q || !r.dx || !r.p16 || !r.p32) { free(r.q); free(r.dx); free(r.p16); free(r.p32); return -1; }
+    #pragma omp parallel for schedule(static) num_threads(threads) if (M >= 8)
+    for (int m = 0; m < M; m++)
+        round_row(x + (size_t)m * K, K, r.q + (size_t)m * K, r.dx + (size_t)m * nb, r.p16 + (size_t)m * nb * 8, r.p32 + (size_t)m * nb * 4);
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int g = 0; g < N / 16; g++) group(w + (size_t)g * nb * size, nb, &r, K, M, kind, bias, y, N, g);
+    free(r.q); free(r.dx); free(r.p16); free(r.p32);
+    return 0;
+}
+
+/* the values of one row's blocks (an embedding lookup): raw [K / 256][block], out [K] float32 */
+void kquant_row(const uint8_t* raw, int K, int kind, float* out);
+
+/* the rows ids[0..n) of weights raw [N][K / 256 blocks] as out [n][K] float32 */
+void kquant_rows(const uint8_t* raw, const int64_t* ids, int n, int K, int kind, float* out) {
+    const size_t row = (size_t)(K / QK) * (kind == 4 ? Q4_RAW : Q6_RAW);
+    #pragma omp parallel for schedule(static) if (n >= 64)
+    for (int i = 0; i < n; i++) kquant_row(raw + (size_t)ids[i] * row, K, kind, out + (size_t)i * K);
+}
+
+void kquant_row(const uint8_t* raw, int K, int kind, float* out) {
+    uint8_t q[QK];
+    for (int b = 0; b < K / QK; b++) {
+        float* o = out + b * QK;
+        if (kind == 4) {
+            const uint8_t* src = raw + (size_t)b * Q4_RAW;
+            uint8_t sc[8], m[8];
+            q4_unpack(src, q, sc, m);
+            const float d = half_to_float(src[0] | src[1] << 8), dmin = half_to_float(src[2] | src[3] << 8);
+            for (int k = 0; k < QK; k++) o[k] = d * (float)sc[k / 32] * (float)q[k] - dmin * (float)m[k / 32];
+        } else {
+            const uint8_t* src = raw + (size_t)b * Q6_RAW;
+            int8_t sc[16];
+            q6_unpack(src, q, sc);
+            const float d = half_to_float(src[208] | src[209] << 8);
+            for (int k = 0; k < QK; k++) o[k] = d * (float)sc[k / 16] * (float)((int)q[k] - 32);
+        }
+    }
+}

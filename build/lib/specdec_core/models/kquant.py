@@ -1,0 +1,178 @@
+"""The target's products on a GGUF's own Q4_K and Q6_K blocks (kquant.c), built on first use (native.py).
+
+The file's weights are read as they are: repacked once at load, losslessly, so that a vector lane is an output,
+never turned into another precision. A row of activations is rounded to int8 per block of 256; every block's
+integer sum is exact, and its float operations are the same for a row whatever rows come with it, so a position's
+logits are the same, bit for bit, in a one-token step and in any verification pass. The product reads 4.5 (Q4_K)
+or 6.6 (Q6_K) bits a weight: a decoding step, which waits on memory, reads no more than the file holds.
+
+Two builds of one source: AVX-512 VNNI where the CPU has it, else portable C; both give the same bits.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from .native import AVX512_VNNI, AVX512_VNNI_FLAGS, cpu_flags, load
+
+SOURCE = Path(__file__).with_name("kquant.c")
+COMMON = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-lm"]
+QK = 256
+RAW = {4: 144, 6: 210}  # bytes of a block in the file: Q4_K, Q6_K
+PACKED = {4: 2368, 6: 3360}  # bytes of 16 outputs' blocks in the packed layout
+GGML_TYPES = {12: 4, 14: 6}  # GGML's type numbers of Q4_K and Q6_K
+
+
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    lib.kquant_mm.restype = ctypes.c_int
+    lib.kquant_mm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 3 \
+        + [ctypes.c_void_p, ctypes.c_int]
+    lib.kquant_pack.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 3 + [ctypes.c_void_p]
+    lib.kquant_rows.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 3 + [ctypes.c_void_p]
+    return lib
+
+
+@functools.cache
+def library() -> tuple[ctypes.CDLL | None, str]:
+    """(the kernel, its build: "avx512-vnni" or "portable") or (None, why there is none)."""
+    vnni = AVX512_VNNI <= cpu_flags()
+    lib, why = load(SOURCE, COMMON + (AVX512_VNNI_FLAGS if vnni else []), set(), "the target's Q4_K/Q6_K product cannot be "
+                    "built: {why}")
+    return (bind(lib), "avx512-vnni" if vnni else "portable") if lib is not None else (None, why)
+
+
+def kernel() -> ctypes.CDLL:
+    lib, why = library()
+    if lib is None:
+        raise RuntimeError(f"The Q4_K/Q6_K product is not available: {why}")
+    return lib
+
+
+def pack(raw: torch.Tensor, kind: int, n: int, k: int, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """The file's blocks [n, k / 256] in the kernel's layout (lib: another build of kquant.c, for tests)."""
+    check_shape(kind, n, k, raw)
+    packed = torch.empty(n // 16 * (k // QK) * PACKED[kind], dtype=torch.uint8)
+    (lib or kernel()).kquant_pack(raw.data_ptr(), n, k, kind, packed.data_ptr())
+    return packed
+
+
+def product(packed: torch.Tensor, kind: int, x: torch.Tensor, n: int, bias: torch.Tensor | None = None,
+            lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """x [M, k] float32 times the packed weights [n, k] -> [M, n] float32, + bias [n]."""
+    x = x.float().contiguous()
+    if packed.dtype != torch.uint8 or packed.numel() != n // 16 * (x.shape[1] // QK) * PACKED[kind] \
+            or (bias is not None and (bias.dtype != torch.float32 or bias.numel() != n or not bias.is_contiguous())):
+        raise ValueError("the Q4_K/Q6_K product's weights, rows and bias do not match")
+    y = torch.empty(len(x), n)
+    if (lib or kernel()).kquant_mm(packed.data_ptr(), kind, None if bias is None else bias.data_ptr(), x.data_ptr(),
+                                   len(x), n, x.shape[1], y.data_ptr(), torch.get_num_threads()):
+        raise MemoryError("no memory for the Q4_K/Q6_K product's rounded rows")
+    return y
+
+
+def as_bytes(raw) -> torch.Tensor:
+    """A uint8 tensor over `raw` (a numpy array or memmap, or a tensor), without a copy where it can."""
+    t = raw if isinstance(raw, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(raw).view(np.uint8))
+    return t.contiguous()
+
+
+def check_shape(kind: int, out_features: int, in_features: int, raw: torch.Tensor) -> None:
+    if kind not in RAW or in_features % QK or out_features % 16:
+        raise ValueError(f"a Q{kind}_K product needs inputs a multiple of {QK} and outputs of 16, got "
+                         f"[{out_features}, {in_features}]")
+    if raw.dtype != torch.uint8 or raw.numel() != out_features * in_features // QK * RAW[kind]:
+        raise ValueError(f"Q{kind}_K weights [{out_features}, {in_features}] take "
+                         f"{out_features * in_features // QK * RAW[kind]} bytes, got {raw.numel()} of {raw.dtype}")
+
+
+class KQuantLinear(nn.Module):
+    """A Linear on Q4_K or Q6_K blocks (the file's bytes, [out, in / 256 blocks]); float32 in and out."""
+
+    def __init__(self, raw, kind: int, in_features: int, out_features: int, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.kind, self.in_features, self.out_features = kind, in_features, out_features
+        self.packed = pack(as_bytes(raw), kind, out_features, in_features)
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """Only its shape and device are real (what callers read of a Linear's weight); the values are in `packed`."""
+        return torch.zeros(1).expand(self.out_features, self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = product(self.packed, self.kind, x.reshape(-1, self.in_features), self.out_features, self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+def dequantise_rows(raw: torch.Tensor, kind: int, in_features: int, ids: torch.Tensor) -> torch.Tensor:
+    """The rows `ids` of Q4_K/Q6_K weights [N, in / 256 blocks] as float32 [len(ids), in]: an embedding lookup."""
+    raw = raw.contiguous()
+    ids = ids.to(torch.int64).contiguous()
+    n = raw.numel() // (in_features // QK * RAW[kind])
+    if raw.dtype != torch.uint8 or in_features % QK or (len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= n)):
+        raise ValueError(f"rows of Q{kind}_K weights [{n}, {in_features}] asked for outside them, or weights of another type")
+    out = torch.empty(len(ids), in_features)
+    kernel().kquant_rows(raw.data_ptr(), ids.data_ptr(), len(ids), in_features, kind, out.data_ptr())
+    return out
+
+
+class KQuantEmbedding(nn.Module):
+    """An embedding read from its blocks, a looked-up row at a time (a table of 151,936 rows in float32 would be
+    933 MB for the bundled target, and a step reads one row)."""
+
+    def __init__(self, raw, kind: int, num: int, dim: int):
+        super().__init__()
+        self.raw, self.kind, self.num, self.dim = as_bytes(raw).clone(), kind, num, dim  # not a view of a mapped file
+        check_shape(kind, num - num % 16, dim, self.raw[: (num - num % 16) * dim // QK * RAW[kind]])
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return torch.zeros(1).expand(self.num, self.dim)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return dequantise_rows(self.raw, self.kind, self.dim, ids.reshape(-1)).reshape(*ids.shape, self.dim)
+
+
+def quantise(w: torch.Tensor, kind: int) -> torch.Tensor:
+    """Float weights [N, K] as Q4_K or Q6_K blocks in the file's layout, uint8 [N, K / 256 * block bytes]: for tests
+    and models that come without blocks of their own. A plain choice of scales (each sub-block's range), not the
+    error-minimising search of GGUF's quantisers."""
+    w = w.detach().double().reshape(w.shape[0], -1, QK)  # [N, blocks, 256]
+    n, nb, _ = w.shape
+    half = lambda v: torch.as_tensor(v.float().numpy().astype(np.float16).view(np.uint8)).reshape(n, nb, 2)
+    if kind == 6:
+        sub = w.reshape(n, nb, 16, 16)
+        signed = sub.gather(-1, sub.abs().argmax(-1, keepdim=True))[..., 0]  # each sub-block's value of largest magnitude
+        scale = -signed / 32  # (q - 32) * scale reaches it at q = 0
+        d = (scale.abs().amax(-1) / 127).float().double()
+        sc = torch.where(d[..., None] > 0, torch.round(scale / d[..., None].clamp(min=1e-30)), 0).clamp(-128, 127)
+        step = (d.float().half().double()[..., None] * sc)[..., None]
+        q = torch.where(step != 0, torch.round(sub / torch.where(step == 0, 1, step)), 0).clamp(-32, 31).long() + 32
+        q = q.reshape(n, nb, 2, 4, 32)  # halves of 128, quarters of 32, then position l
+        ql = (q[:, :, :, 0] & 15 | (q[:, :, :, 2] & 15) << 4, q[:, :, :, 1] & 15 | (q[:, :, :, 3] & 15) << 4)
+        ql = torch.stack(ql, 3).reshape(n, nb, 128)
+        qh = sum((q[:, :, :, i] >> 4) << (2 * i) for i in range(4)).reshape(n, nb, 64)
+        out = [ql, qh, sc.long() & 0xFF, half(d)]
+    else:
+        sub = w.reshape(n, nb, 8, 32)
+        low, high = sub.amin(-1).clamp(max=0), sub.amax(-1).clamp(min=0)
+        scale, mins = (high - low) / 15, -low
+        d, dmin = (scale.amax(-1) / 63).float().double(), (mins.amax(-1) / 63).float().double()
+        sc = torch.where(d[..., None] > 0, torch.round(scale / d[..., None].clamp(min=1e-30)), 0).clamp(0, 63).long()
+        m = torch.where(dmin[..., None] > 0, torch.round(mins / dmin[..., None].clamp(min=1e-30)), 0).clamp(0, 63).long()
+        step = (d.float().half().double()[..., None] * sc)[..., None]
+        offset = (dmin.float().half().double()[..., None] * m)[..., None]
+        q = torch.where(step != 0, torch.round((sub + offset) / torch.where(step == 0, 1, step)), 0).clamp(0, 15).long()
+        q = q.reshape(n, nb, 4, 2, 32)  # chunks of 64: low nibbles the first 32, high the next
+        qs = (q[:, :, :, 0] | q[:, :, :, 1] << 4).reshape(n, nb, 128)
+        s = torch.zeros(n, nb, 12, dtype=torch.long)
+        s[..., :4] = sc[..., :4] | (sc[..., 4:] >> 4) << 6
+        s[..., 4:8] = m[..., :4] | (m[..., 4:] >> 4) << 6
+        s[..., 8:] = sc[..., 4:] & 15 | (m[..., 4:] & 15) << 4
+        out = [half(d), half(dmin), s, qs]
+    return torch.cat([t.to(torch.uint8) for t in out], -1).reshape(n, -1)

@@ -1,0 +1,197 @@
+"""load_pair: the bundled offline pair, a tiny random pair, or hub ids / local directories."""
+from __future__ import annotations
+
+import ctypes
+import os
+
+import torch
+
+from ..cache import PADDED_SIZES, CompiledForward
+from ..messages import Refusal
+from .attention import GROUPED, ROWS
+from .kquant import library as kquant_library
+from .pair import Pair, Progress, check_tokenizers, make_pair, pick_device, pick_dtype
+from .step import DecodeStep
+
+
+def load_pair(target: str = "bundled", draft: str | None = None, device: str = "auto", dtype: str = "auto",
+              progress: Progress | None = None, cache_dir: str | os.PathLike | None = None,
+              draft_quant: bool | str = "auto", quant_mode: str = "int4",
+              target_quant: str = "auto", graphs: str = "auto", max_len: int = 4096) -> Pair:
+    """"bundled" (offline default), "tiny" (random, for tests), or a target and draft hub id / local dir.
+
+    "auto" (docs/benchmarks.md has the measurements):
+    draft_quant: a quantised draft on CPUs (quant_mode: see quant.cheapen_draft). It changes the
+    draft's speed and guesses, never the output.
+    target_quant: how the target computes on CPUs, exact in "auto", "int8" and "blocks": a position's logits are the
+    same, bit for bit, in a one-token step and in any verification pass, so greedy speculative output is plain
+    decoding's on every prompt. "auto": "int8" on CPUs, but for the tiny test pair. "int8" or "int8:KERNEL"
+    (quant.TokenInt8Linear: vnni, onednn or fbgemm): int8 weights made from the target's values (for the bundled pair,
+    once, kept in the cache). "blocks": the bundled target on its GGUF's own Q4_K/Q6_K blocks (kquant.py): faster to
+    start and in a step, slower in a verification pass today. "off": the values as loaded, in `dtype` (bfloat16 on
+    most CPUs: near-ties can part the two outputs).
+    graphs: on CUDA, decoding steps compiled with CUDA graphs ("inductor"; also "cudagraphs", "off") over
+    static caches of `max_len` positions (cache.CompiledForward); the context is capped to fit them.
+    """
+    progress = progress or (lambda f, m: None)
+    dev = pick_device(device)
+    dt = pick_dtype(dtype, dev)
+    backend = ("inductor" if dev.type == "cuda" else "off") if graphs == "auto" else graphs
+    if backend not in ("off", "inductor", "cudagraphs"):
+        raise ValueError(f"graphs must be auto, off, inductor or cudagraphs, got {graphs!r}")
+    from .quant import (
+        INT8_KERNELS,
+        Int4Linear,
+        TokenInt8Linear,
+        can_pack,
+        cheapen_draft,
+        pack_linears,
+        quant_label,
+        quantise_target,
+    )
+    quant, _, kernel = target_quant.partition(":")
+    if quant not in ("auto", "off", "int8", "blocks") or kernel and (quant != "int8" or kernel not in INT8_KERNELS):
+        raise ValueError(f"target_quant must be auto, off, blocks, int8 or int8:KERNEL ({', '.join(INT8_KERNELS)}), "
+                         f"got {target_quant!r}")
+    if quant == "blocks" and target != "bundled":
+        raise ValueError("target_quant='blocks' runs the bundled target on its GGUF's own blocks; other pairs have none")
+    as_built = target == "tiny"  # the tiny test pair runs as built: tests compare it with models built the same way
+    if quant == "auto":
+        quant = target_quant = "int8" if dev.type == "cpu" and not as_built else "off"
+    if quant == "blocks" and dev.type != "cpu":
+        raise ValueError("target_quant='blocks' runs on CPUs only.")
+    if quant == "blocks" and kquant_library()[0] is None:
+        raise ValueError(f"target_quant='blocks' needs the Q4_K/Q6_K product, which cannot run here: {kquant_library()[1]}")
+    saved = {}  # role -> (the file of the bundled model's quantised weights, what they are made from)
+    if as_built:
+        from .tiny import tiny_models
+        t, d, tok = tiny_models()
+        progress(1.0, "tiny pair ready")
+        pair = make_pair("tiny", t.to(dev, dt), d.to(dev, dt), tok, dev, dt,
+                         {"target": "tiny-target", "draft": "tiny-draft (perturbed copy)"})
+        draft_quant = False
+    elif target == "bundled":
+        from .bundled import DRAFT, TARGET, load_bundled
+        cheap_draft = draft_quant is True or (draft_quant == "auto" and dev.type == "cpu")
+        pair, root = load_bundled(dev, dt, progress, cache_dir, exact=quant == "blocks",
+                                  lazy=(quant == "int8" and dev.type == "cpu", cheap_draft and dev.type == "cpu"))
+        saved = {"draft": (root / f"{DRAFT.slug}-{quant_mode}.safetensors", DRAFT.sha256),
+                 "target": (root / f"{TARGET.slug}-int8.safetensors", TARGET.sha256)}
+    elif draft is None:
+        raise Refusal("custom_pair_ids")
+    else:
+        pair = load_hub_pair(target, draft, dev, dt, progress)
+
+    cpu_bf16 = dev.type == "cpu" and dt == torch.bfloat16
+    if pair.draft is not None and (draft_quant is True or (draft_quant == "auto" and dev.type == "cpu")):
+        path, source = saved.get("draft", (None, ""))
+        cheapen_draft(pair.draft, mode=quant_mode, saved=path, source=source)
+        pair.info["draft_quant"] = quant_label(pair.draft, quant_mode)
+        int4 = {"vnni" if m.tiles is not None else "torch" for m in pair.draft.modules() if isinstance(m, Int4Linear)}
+        if int4:
+            pair.info["draft_int4"] = "/".join(sorted(int4))
+    if pair.draft is not None and dev.type == "cpu" and not as_built:
+        # SDPA would repeat the key/value heads over the whole cache every step: a draft step at 1,000 tokens of
+        # context would cost nearly twice one at 128 (docs/benchmarks.md); the draft changes only speed
+        pair.draft.set_attn_implementation(GROUPED)
+        if DecodeStep.fits(pair.draft):  # its decoding steps written out (step.py); prompts and trees as above
+            pair.steps["draft"] = DecodeStep(pair.draft)
+    pair.info["target_weights"], pair.info["target_quant"] = str(dt).replace("torch.", ""), target_quant
+    if quant == "blocks":
+        pair.target.set_attn_implementation(ROWS)  # each row's attention as a step computes it (attention.py)
+        pair.info["target_weights"] = f"blocks:{kquant_library()[1]}"  # exact: the same logits in a step and in a pass
+    if quant == "int8":
+        if dev.type != "cpu":
+            raise ValueError("target_quant='int8' runs on CPUs only.")
+        path, source = saved.get("target", (None, ""))
+        quantise_target(pair.target, path, source, kernel=kernel or None)
+        pair.info["target_weights"] = "int8"  # exact: the same logits in a step and in a pass
+        pair.info["target_int8"] = "/".join(sorted({m.kernel for m in pair.target.modules() if isinstance(m, TokenInt8Linear)}))
+    if cpu_bf16 and not as_built:  # every remaining Linear weight prepacked for oneDNN (same numbers, faster)
+        for role in ("target", "draft"):
+            model = getattr(pair, role)
+            if model is not None and can_pack(model):
+                pack_linears(model)
+                pair.info["packed"] = "oneDNN prepacked weights"
+                if role == "target":
+                    pair.info["target_prepacked"] = True
+    if dev.type == "cpu":
+        for model in (pair.target, pair.draft):
+            if model is not None:
+                own_memory(model)
+        release_freed_memory()
+    if backend != "off":
+        enable_graphs(pair, backend, max_len, progress)
+    return pair
+
+
+def own_memory(model: torch.nn.Module) -> None:
+    """Copy the parameters still read from their file into memory of the model's own. A tensor loaded
+    from safetensors maps the whole file, and every page of it that was read stays resident while any
+    tensor of the file is alive: after packing and quantising, the few left (embeddings, norms, biases)
+    would keep the whole file's pages (GBs) counted against the process. (Buffers are computed or made
+    by the quantised layers, never mapped.)"""
+    with torch.no_grad():
+        for param in {id(p): p for p in model.parameters()}.values():
+            param.data = param.data.clone()
+
+
+def release_freed_memory() -> None:
+    """Give the heap that loading freed (quantising passes through float32 copies) back to the system;
+    glibc keeps it otherwise, and it would count as the app's memory for as long as it runs."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | None = None,
+                  attention: str = "sdpa") -> None:
+    """Compile both models' decoding steps now, for the sizes a default round uses, so that the
+    first run does not stop to compile (on a 7B-shaped target on an H200: minutes).
+    attention: "sdpa" (transformers' own) or "grouped" (attention.grouped_attention: key and value
+    heads read as they are, not repeated over the static cache)."""
+    progress = progress or (lambda f, m: None)
+    if attention not in ("sdpa", "grouped"):
+        raise ValueError(f"attention must be sdpa or grouped, got {attention!r}")
+    if pair.target.config._attn_implementation == ROWS:
+        raise ValueError("Compiled steps would replace the exact int8 target's row-by-row attention, and its output "
+                         "would no longer be exactly plain decoding's: run it with graphs='off'.")
+
+    # a default round scores up to SpecConfig().k + 1 tokens (padded to 32); a draft step feeds one or two
+    for role, model, sizes in (("target", pair.target, PADDED_SIZES), ("draft", pair.draft, PADDED_SIZES[:2])):
+        if model is None:
+            continue
+        model.set_attn_implementation(GROUPED if attention == "grouped" else "sdpa")
+        pair.compiled[role] = CompiledForward(model, max_len, backend)
+        lm = pair.cached(role)
+        lm.prefill([0] * 8)
+        for n in sizes:
+            progress(0.95, f"compiling decoding steps ({backend}): {n} token(s)")
+            lm.forward(torch.zeros(n, dtype=torch.long, device=lm.device), keep=1)
+            lm.crop(8)
+    pair.context_length = min(pair.context_length, max_len - PADDED_SIZES[-1])
+    pair.info["graphs"] = f"compiled steps ({backend}), static caches of {max_len} positions"
+
+
+def load_hub_pair(target_id: str, draft_id: str, device: torch.device, dtype: torch.dtype,
+                  progress: Progress) -> Pair:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    def load(model_id, placement):
+        return AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype, device_map=placement,
+                                                    use_safetensors=True, trust_remote_code=False)
+
+    progress(0.05, f"loading tokenizers of {target_id} and {draft_id}")
+    tok = AutoTokenizer.from_pretrained(target_id, trust_remote_code=False)
+    draft_tok = AutoTokenizer.from_pretrained(draft_id, trust_remote_code=False)
+    check_tokenizers(tok, draft_tok, target_id, draft_id)  # fail before loading gigabytes of weights
+    progress(0.1, f"loading target {target_id}")
+    # accelerate spreads a target too large for one GPU over all of them; the draft follows its first device
+    target = load(target_id, "auto" if device.type == "cuda" else str(device))
+    first = target.get_input_embeddings().weight.device
+    progress(0.7, f"loading draft {draft_id}")
+    draft = load(draft_id, str(first))
+    progress(1.0, "ready")
+    return make_pair(f"{target_id} <- {draft_id}", target, draft, tok, first, dtype,
+                     {"target": target_id, "draft": draft_id})

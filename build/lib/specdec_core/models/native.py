@@ -1,0 +1,92 @@
+"""C kernels of this project (int8_vnni.c, int4_vnni.c, kquant.c, step_ops.c), built on first use with the system's C
+compiler (gcc, or $CC) into the model cache, once per source and flags, and loaded with ctypes: no build step, no extra
+dependency. A compiler is optional: without one (or with SPECDEC_KERNELS=off) PyTorch's products run instead."""
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+from .pair import default_cache_dir
+
+
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+AVX512_VNNI = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c"}  # as /proc/cpuinfo names them
+AVX512_VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c"]  # and as gcc does
+
+@contextmanager
+def locked(folder: Path):
+    """`folder` to this caller alone: another process, or another thread here (each opens the file anew), waits,
+    then finds what was made."""
+    with open(folder / ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def private_dir(folder: Path) -> str:
+    """Make `folder` (0700) if it is not there; "" if only this user can write to it, else why not."""
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = folder.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return f"{folder} is writable by other users (or not owned by this one), so nothing is loaded from it"
+    return ""
+
+
+def build(source: Path, flags: list[str]) -> tuple[ctypes.CDLL | None, str]:
+    """(the library built from `source` with `flags`, "") or (None, why there is none). The flags name the
+    instruction sets, so a file's name, keyed on its source, flags and compiler, says what it runs on."""
+    cc = shutil.which(os.environ.get("CC", "gcc"))
+    if cc is None:
+        return None, "no C compiler (gcc or $CC) to build it"
+    key = hashlib.sha256(b"\0".join([source.read_bytes(), " ".join(flags).encode(), cc.encode()])).hexdigest()[:16]
+    folder = default_cache_dir() / "kernels"
+    built = folder / f"{source.stem}-{key}.so"
+    try:
+        unsafe = private_dir(folder)
+        if unsafe:
+            return None, unsafe
+        with locked(folder):
+            if not built.exists():
+                with tempfile.TemporaryDirectory(dir=folder) as tmp:
+                    out = Path(tmp) / built.name
+                    subprocess.run([cc, *flags, str(source), "-o", str(out)], check=True, capture_output=True, timeout=120)
+                    out.replace(built)  # whole or not at all: another process may be loading it
+        return ctypes.CDLL(str(built)), ""
+    except (OSError, subprocess.SubprocessError) as e:
+        detail = getattr(e, "stderr", b"") or b""
+        return None, f"building it failed: {e} {detail.decode(errors='replace')[-300:]}".strip()
+
+
+def load(source: Path, flags: list[str], needs: set[str], unused: str) -> tuple[ctypes.CDLL | None, str]:
+    """`source` built for this CPU: (the library, "") or (None, why there is none). needs: the x86 CPU flags it
+    needs (none: any CPU). Where the CPU could run it but it cannot be built, a RuntimeWarning says so: `unused`,
+    with {why} in it, names what is not used and what runs instead. SPECDEC_KERNELS=off: none is built or loaded."""
+    if os.environ.get("SPECDEC_KERNELS", "").lower() == "off":
+        return None, "turned off by SPECDEC_KERNELS=off"
+    cpu = cpu_flags()
+    if needs and platform.machine() not in ("x86_64", "AMD64"):
+        return None, "this CPU is not an x86 one"
+    if not needs <= cpu:
+        return None, f"this CPU lacks {', '.join(sorted(needs - cpu))}"
+    lib, why = build(source, flags)
+    if lib is None:
+        warnings.warn(unused.format(why=why), RuntimeWarning)
+    return lib, why

@@ -1,0 +1,119 @@
+"""A model pair: a target, a draft sharing its tokenizer, and what belongs to the two models."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..cache import CachedModel, CompiledForward, SharedHead
+from ..messages import Refusal
+from ..text import template_head
+from ..theory import PassCosts
+
+Progress = Callable[[float, str], None]  # (fraction done, message)
+
+
+@dataclass
+class Pair:
+    name: str
+    target: torch.nn.Module
+    draft: torch.nn.Module | None  # None: only model-free drafters (prompt lookup, early exit)
+    tokenizer: object
+    vocab: int  # the shared tokenizer range; logits rows past it (vocab padding) are ignored
+    eos_ids: frozenset[int]
+    context_length: int
+    device: torch.device
+    dtype: torch.dtype
+    info: dict = field(default_factory=dict)  # shown to people: model names, parameter counts, kernels, load time
+    compiled: dict[str, CompiledForward] = field(default_factory=dict)  # "target" / "draft" -> its compiled forward
+    heads: dict[str, SharedHead] = field(default_factory=dict)  # "target" / "draft" -> the chat head's keys and values
+    steps: dict[str, Callable] = field(default_factory=dict)  # "draft" -> its written-out decoding step (step.py)
+    pass_costs: PassCosts | None = None  # what sizes token trees here: timed on first use (timing.tree_costs)
+
+    def cached(self, role: str) -> CachedModel:
+        """A fresh cache over the target or the draft, with that model's compiled or written-out steps and shared
+        head (not another model's: dataclasses.replace may have swapped the model and kept the dicts)."""
+        model = getattr(self, role)
+
+        def own(kind: str):
+            found = getattr(self, kind).get(role)
+            return found if found is not None and found.model is model else None
+        return CachedModel(model, self.vocab, own("compiled"), own("heads"), own("steps"))
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    if device != "auto":
+        return torch.device(device)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def pick_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """'auto': bfloat16 where the hardware runs it natively (CUDA, CPUs with AVX512-BF16/AMX), else
+    float16 on MPS, else float32."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype != "auto":
+        try:
+            return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        except KeyError:
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}") from None
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "mps":
+        return torch.float16
+    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
+
+
+def eos_ids_of(model, tokenizer) -> frozenset[int]:
+    ids = model.generation_config.eos_token_id if model.generation_config is not None else None
+    ids = list(ids) if isinstance(ids, (list, tuple)) else [ids]
+    ids.append(tokenizer.eos_token_id)
+    return frozenset(int(i) for i in ids if i is not None)
+
+
+def check_tokenizers(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
+    if target_tok.get_vocab() != draft_tok.get_vocab() or target_tok.all_special_tokens != draft_tok.all_special_tokens:
+        raise Refusal("tokenizers_differ", draft=repr(draft_name), target=repr(target_name))
+
+
+def make_pair(name, target, draft, tokenizer, device, dtype, info=None) -> Pair:
+    rows = [target.get_output_embeddings().weight.shape[0]]
+    if draft is not None:
+        rows.append(draft.get_output_embeddings().weight.shape[0])
+    vocab = min(len(tokenizer), *rows)
+    ctx = getattr(target.config, "max_position_embeddings", None) or 4096
+    info = dict(info or {})
+    info["target_params"] = sum(p.numel() for p in target.parameters())
+    info["draft_params"] = sum(p.numel() for p in draft.parameters()) if draft is not None else 0
+    head = template_head(tokenizer)  # every prompt's chat-template head is computed once per model
+    heads = {role: SharedHead(head, model) for role, model in (("target", target), ("draft", draft))
+             if model is not None and head}
+    return Pair(name, target.eval(), draft.eval() if draft is not None else None, tokenizer, vocab,
+                eos_ids_of(target, tokenizer), int(ctx), device, dtype, info, heads=heads)
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec"))
+
+
+def first_divergence(pair: Pair, prompt_ids: list[int], a: list[int], b: list[int]) -> dict | None:
+    """Where two greedy outputs of the same prompt part, and the target's logits of the two tokens there, from
+    one pass over the prompt and the common prefix (None: they do not part). On a target whose logits depend on
+    the shape of the pass (bfloat16 on CPUs or GPUs), a near-tie can be won by one token in a one-token step and
+    by the other in a verification pass."""
+    pos = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if pos is None:
+        return None
+    with torch.inference_mode():
+        logits = pair.target(torch.tensor([prompt_ids + a[:pos]], device=pair.device), logits_to_keep=1).logits[0, -1]
+    logits = logits.float()[: pair.vocab]
+    logp = torch.log_softmax(logits, -1)
+    return {"position": pos, "ar_token": a[pos], "spec_token": b[pos], "ar_logit": float(logits[a[pos]]),
+            "spec_logit": float(logits[b[pos]]), "logprob_gap": float(logp[a[pos]] - logp[b[pos]])}

@@ -1,0 +1,441 @@
+"""Faster Linear layers for CPUs: PyTorch's own kernels, and products of ours (int8_vnni for the exact int8 target,
+int4_vnni for the int4 draft).
+
+- PackedLinear (both models, bfloat16 on CPUs): the weight is reordered once into oneDNN's blocked
+  layout. Same numbers as F.linear, and faster, most of all for the few-token passes of decoding.
+The draft's precision and vocabulary change only how many drafts are accepted, never the output
+(the target verifies every token), so the draft may also use:
+- Int4Linear (the default in bfloat16): int4 weights, a scale and an offset per group of 32
+  inputs; bfloat16 activations (`_weight_int4pack_mm_for_cpu`), or on x86 CPUs with AVX-512 VNNI
+  our own product (int4_vnni), which rounds them to int8 per group of 32 and streams the weights
+  faster. A draft step is mostly reading weights from memory, and this reads the fewest. The bundled
+  GGUF weights are 4-bit already, in blocks of 32 with a scale and a minimum each, so little more is lost.
+- DynamicInt8Linear: int8 weights (one scale per output channel) times int8 activations quantised
+  on the fly (fbgemm's dynamic linear). Used for every layer except down_proj in mode "mixed".
+- Int8Linear: int8 weights, activations left in bfloat16 (`_weight_int8pack_mm`). Slower, but the
+  down_proj input carries the activation outliers that int8 activations crush, and acceptance
+  with them.
+- PrunedHead: a head over the first `keep` token ids, q renormalised over them (off by default).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from .attention import ROWS
+from .int4_vnni import fits as int4_fits, pack as int4_pack, product as int4_product
+from .int8_vnni import Int8Product, fits as vnni_fits
+
+
+def channel_scales(w: torch.Tensor) -> torch.Tensor:
+    """One int8 scale per output channel (row) of a float32 weight."""
+    return (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+
+
+class PackedLinear(nn.Module):
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)
+        self.bias = linear.bias
+        self.out_features = linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def int8_weights(linear: nn.Linear, saved: dict | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 weights [out, in] and their float64 scale per output channel: `saved` ones, else the linear's, quantised."""
+    if saved:
+        return saved["qweight"], saved["scale"]
+    w = linear.weight.detach().float()
+    scale = channel_scales(w).double()
+    with warnings.catch_warnings():  # per-channel quantised tensors are stable; the warning is about the ao API
+        warnings.simplefilter("ignore")
+        return torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8).int_repr(), scale
+
+
+def fbgemm_pack(qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        wq = torch._make_per_channel_quantized_tensor(qweight, scale, torch.zeros_like(scale, dtype=torch.long), 0)
+    return torch.ops.quantized.linear_prepack(wq, bias)
+
+
+def fbgemm_state(packed: torch.Tensor) -> dict:
+    wq, _ = torch.ops.quantized.linear_unpack(packed)
+    return {"qweight": wq.int_repr(), "scale": wq.q_per_channel_scales()}
+
+
+class DynamicInt8Linear(nn.Module):
+    def __init__(self, linear: nn.Linear, saved: dict | None = None):
+        """saved: {"qweight": int8 [out, in], "scale": float64 [out]} from `saved_state`, else quantise now."""
+        super().__init__()
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        self.packed = fbgemm_pack(*int8_weights(linear, saved), bias)
+        self.out_features = linear.out_features
+
+    def saved_state(self) -> dict:
+        return fbgemm_state(self.packed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.quantized.linear_dynamic(x.reshape(-1, x.shape[-1]).float(), self.packed, True)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+class TokenInt8Linear(nn.Module):
+    """int8 weights (a scale per output channel) times int8 activations with a scale per token (row).
+
+    For a target: a position's output must not depend on the other tokens verified with it, or greedy
+    output would match plain decoding only by luck. Each row is rounded to int8 against its own largest
+    magnitude, integer products are exact in any order, and each row is scaled back afterwards. Two kernels:
+    - "fbgemm" (any x86 CPU): its dynamic linear picks one range for its whole input, so each row is first
+      divided by its own largest magnitude and a row holding -1 and +1 is appended: the range is [-1, 1]
+      whatever the other rows are.
+    - "vnni" (the default on other x86 CPUs with AVX-512 VNNI, where a C compiler builds it): int8_vnni's product,
+      which rounds each row alone and reads a weight once for six rows, so a pass costs little more than a step.
+    - "onednn" (the default where the CPU has AMX tiles): oneDNN's int8 product of rows rounded here. A
+      pass's rows share the tiles, so a 16-row pass costs little more than a step, where fbgemm's cost grows
+      with every row. A step's one row is padded to two (oneDNN has a slow reference kernel for one row of
+      a narrow product), and a probe per shape (`onednn_rows_agree`) checks that a row gets the same bits
+      alone and among others; where it does not, the layer takes fbgemm.
+    """
+
+    def __init__(self, linear: nn.Linear, saved: dict | None = None, kernel: str | None = None):
+        """saved: {"qweight": int8 [out, in], "scale": float64 [out]} from `saved_state`, else quantise now."""
+        super().__init__()
+        self.bias = None if linear.bias is None else linear.bias.detach().float()  # added once a row is scaled back
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.plain = None
+        qweight, scale = int8_weights(linear, saved)
+        self.kernel = int8_kernel(kernel, linear.in_features)
+        if self.kernel == "vnni":
+            self.packed = Int8Product(qweight, scale, self.bias)
+            self.plain = None if saved else {"qweight": qweight, "scale": scale}  # for the file, then dropped
+            return
+        if self.kernel == "onednn":
+            self.packed = torch.ops.onednn.qlinear_prepack(qweight, None)
+            self.scales = (scale / 127).float()  # a row rounded against its largest magnitude spans [-127, 127]
+            self.zeros = torch.zeros(len(scale), dtype=torch.long)
+            self.plain = None if saved else {"qweight": qweight, "scale": scale}  # for the file, then dropped
+            if onednn_rows_agree(self):
+                return
+            self.kernel, self.scales, self.zeros, self.plain = "fbgemm", None, None, None
+        self.packed = fbgemm_pack(qweight, scale)
+        self.pin = torch.zeros(1, linear.in_features)
+        self.pin[0, :2] = torch.tensor([-1.0, 1.0])
+
+    def saved_state(self) -> dict:
+        return fbgemm_state(self.packed) if self.kernel == "fbgemm" else self.plain
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1]).float()
+        if self.kernel == "vnni":  # rounds, scales back and adds the bias itself
+            return self.packed(rows).reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        size = rows.abs().amax(-1, keepdim=True).clamp(min=1e-30)
+        if self.kernel == "onednn":
+            q = torch.round(rows * (127 / size)).to(torch.int8)
+            q = F.pad(q, (0, 0, 0, 1)) if len(q) == 1 else q
+            y = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, self.packed, self.scales, self.zeros, None, 1.0, 0,
+                                                   torch.float32, "none", [], "")[: len(rows)] * size
+        else:
+            y = torch.ops.quantized.linear_dynamic(torch.cat([rows / size, self.pin]), self.packed, True)[:-1] * size
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+INT8_KERNELS = ("vnni", "onednn", "fbgemm")  # TokenInt8Linear's
+
+
+def int8_kernel(asked: str | None, in_features: int) -> str:
+    """The kernel asked for, by default oneDNN where the CPU has AMX int8 tiles, else our own; ours gives way to
+    fbgemm where it cannot run (int8_vnni.library() has said why) or the shape does not fit."""
+    asked = asked or ("onednn" if amx_int8() else "vnni")
+    return "fbgemm" if asked == "vnni" and not vnni_fits(in_features) else asked
+
+
+@functools.cache
+def amx_int8() -> bool:
+    """Whether this CPU has AMX int8 tiles, the system lets this process use them and oneDNN is not capped below
+    them (ONEDNN_MAX_CPU_ISA): its int8 products need them, and without they are many times slower than fbgemm's."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", "ALL")).upper()
+    return (cap == "ALL" or "AMX" in cap) and bool(torch._C._cpu._get_cpu_capability().get("amx_int8")) \
+        and torch._C._cpu._init_amx()
+
+
+_int8_agrees: dict = {}  # onednn_rows_agree's answers, by the product's shape
+
+
+def onednn_rows_agree(layer: TokenInt8Linear) -> bool:
+    """Whether the layer's oneDNN product gives a row the same bits alone (a step) and among 2 to 65 rows (the
+    passes of chains and trees), on random rows, once per shape."""
+    key = (layer.in_features, layer.out_features)
+    if key not in _int8_agrees:
+        x = torch.randn(65, layer.in_features, generator=torch.Generator().manual_seed(0))
+        with torch.inference_mode():
+            alone = {i: layer(x[i: i + 1])[0] for i in (*range(17), 64)}
+            batches = [layer(x[:m]) for m in (2, 5, 16, 17, 65)]
+            _int8_agrees[key] = all(torch.equal(batch[i], row) for batch in batches for i, row in alone.items() if i < len(batch))
+    return _int8_agrees[key]
+
+
+class WeightOnlyLinear(nn.Module):
+    """Quantised weights, activations as they come; a subclass gives the 2-D product `matmul`."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.bias = linear.bias
+        self.out_features = linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.matmul(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
+class Int8Linear(WeightOnlyLinear):
+    def __init__(self, linear: nn.Linear, saved: dict | None = None):
+        super().__init__(linear)
+        if saved:
+            qweight, scale = saved["qweight"], saved["scale"]
+        else:
+            w = linear.weight.detach().float()
+            scale = channel_scales(w)
+            qweight = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        self.register_buffer("weight", qweight)
+        self.register_buffer("scales", scale.to(linear.weight.dtype))
+
+    def saved_state(self) -> dict:
+        return {"qweight": self.weight, "scale": self.scales}
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales.to(x.dtype))
+
+
+class Int4Linear(WeightOnlyLinear):
+    """`wide`: the same weights in int8 as well, for products of WIDE rows or more (a prompt). The int4 kernels
+    compute a step, which waits on memory, cheaply, but a 70-token prompt cost the 0.5B draft 234 ms with PyTorch's,
+    as much as the 1.5B int8 target's. fbgemm's int8 products take it in a quarter.
+    Two kernels: int4_vnni's (`tiles`), where it runs, else PyTorch's (`packed`, `scales`)."""
+    GROUP = 32
+    WIDE = 8
+
+    @classmethod
+    def fits(cls, linear: nn.Linear) -> bool:
+        """The kernels' shape rules, and bfloat16: with float32 activations PyTorch's is many times slower."""
+        w = linear.weight
+        return (w.device.type in ("cpu", "meta") and w.dtype == torch.bfloat16 and linear.in_features % cls.GROUP == 0
+                and linear.out_features % 16 == 0)
+
+    def __init__(self, linear: nn.Linear, saved: dict | None = None, wide: bool = False, kernel: str | None = None):
+        """saved: {"tiles": int4_vnni's layout} or {"packed": PyTorch's layout (it depends on the CPU), "scales":
+        [in / 32, out, 2]}, and with `wide`, the int8 twin's "wide.qweight" and "wide.scale".
+        kernel: "vnni" or "torch" (None: ours where it runs), for weights quantised here; saved ones keep theirs."""
+        super().__init__(linear)
+        self.in_features, self.wide = linear.in_features, None
+        if wide:
+            twin = {k.removeprefix("wide."): v for k, v in saved.items() if k.startswith("wide.")} if saved else None
+            self.wide = TokenInt8Linear(linear, twin)
+        own = (kernel or int4_kernel()) == "vnni"
+        if not saved:
+            w = linear.weight.detach().float()
+            groups = w.reshape(w.shape[0], -1, self.GROUP)
+            low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+            step = ((high - low) / 15).clamp(min=1e-12)
+            q = torch.round((groups - low) / step).clamp(0, 15).to(torch.int32).reshape(w.shape)
+            if own:
+                saved = {"tiles": int4_pack(q, step[..., 0], low[..., 0])}
+            else:  # PyTorch's kernel computes (q - 8) * scale + zero
+                saved = {"packed": torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2),
+                         "scales": torch.cat([step, low + 8 * step], -1).transpose(0, 1).contiguous()}
+        self.register_buffer("tiles", saved.get("tiles"))
+        self.register_buffer("packed", saved.get("packed"))
+        scales = saved.get("scales")
+        self.register_buffer("scales", None if scales is None else scales.to(linear.weight.dtype))
+
+    def saved_state(self) -> dict:
+        twin = {} if self.wide is None else {f"wide.{k}": v for k, v in self.wide.saved_state().items()}
+        mine = {"tiles": self.tiles} if self.tiles is not None else {"packed": self.packed, "scales": self.scales}
+        return {**mine, **twin}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.wide is not None and x.numel() >= self.WIDE * x.shape[-1]:
+            return self.wide(x)  # adds the bias
+        return super().forward(x)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tiles is not None:
+            return int4_product(self.tiles, x.to(torch.bfloat16), self.out_features, self.in_features).to(x.dtype)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.GROUP, self.scales)
+
+
+def int4_kernel() -> str:
+    """The int4 draft's default kernel: int4_vnni's where it runs (int4_vnni.library() has said why not), else PyTorch's."""
+    return "vnni" if int4_fits() else "torch"
+
+
+class PrunedHead(nn.Module):
+    """An output head over the first `keep` token ids; the other logits are -inf (q = 0 there)."""
+
+    def __init__(self, head: nn.Linear, keep: int, vocab: int):
+        super().__init__()
+        self.head = nn.Linear(head.in_features, keep, bias=False, dtype=head.weight.dtype, device=head.weight.device)
+        self.head.weight = nn.Parameter(head.weight.detach()[:keep].clone(), requires_grad=False)
+        self.vocab = vocab
+
+    @property
+    def weight(self):  # callers read the output size from the head's weight
+        return torch.empty((self.vocab, self.head.in_features), device="meta")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kept = self.head(x)
+        out = torch.full((*kept.shape[:-1], self.vocab), float("-inf"), dtype=kept.dtype, device=kept.device)
+        out[..., : kept.shape[-1]] = kept
+        return out
+
+
+def replace_linears(model: nn.Module, make) -> nn.Module:
+    """In place: every nn.Linear `mod` named `name` becomes make(name, mod). The conversions (quantising,
+    prepacking) run on a thread per core: PyTorch releases the GIL in them, and start-up waits for them."""
+    found = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        made = list(pool.map(lambda item: make(*item), found))
+    for (name, _), new in zip(found, made):
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+    return model
+
+
+def can_pack(model: nn.Module) -> bool:
+    weight = model.get_input_embeddings().weight
+    return (weight.device.type == "cpu" and weight.dtype in (torch.bfloat16, torch.float16)
+            and torch.backends.mkldnn.is_available())
+
+
+def pack_linears(model: nn.Module) -> nn.Module:
+    """In place: every plain nn.Linear left in the model becomes a PackedLinear."""
+    return replace_linears(model, lambda name, mod: PackedLinear(mod))
+
+
+def _mixed(name: str, mod: nn.Linear, saved: dict | None) -> nn.Module:
+    if not name.endswith("down_proj"):
+        return DynamicInt8Linear(mod, saved)
+    # PyTorch's weight-only int8 kernel is slow with float32 activations: there down_proj stays as it is
+    return mod if mod.weight.dtype == torch.float32 else Int8Linear(mod, saved)
+
+
+def _int4(name: str, mod: nn.Linear, saved: dict | None) -> nn.Module:
+    # the head takes the prompt's last position only: no twin for it
+    return Int4Linear(mod, saved, wide=name != "lm_head") if Int4Linear.fits(mod) else _mixed(name, mod, saved)
+
+
+def quant_label(model: nn.Module, mode: str) -> str:
+    """What a draft cheapened in `mode` got: "int4", or int8 in the mode used (int4 falls back to mixed)."""
+    if any(isinstance(m, Int4Linear) for m in model.modules()):
+        return "int4"
+    return f"int8 ({'mixed' if mode == 'int4' else mode})"
+
+
+QUANT_MODES = {"int4": _int4, "mixed": _mixed, "dynamic": lambda name, mod, saved: DynamicInt8Linear(mod, saved),
+               "weight-only": lambda name, mod, saved: Int8Linear(mod, saved)}  # mode -> make(name, linear, saved)
+
+
+def cheapen_draft(model: nn.Module, quant: bool = True, keep_vocab: int = 0, mode: str = "int4",
+                  saved: Path | None = None, source: str = "") -> nn.Module:
+    """In place: quantised Linear layers and/or a pruned head. mode: "int4" (as "mixed" where the
+    int4 kernel does not fit: float32, odd shapes), "mixed" (int8 dynamic, but down_proj weight-only),
+    "dynamic" or "weight-only" (int8) everywhere.
+
+    saved, source: see quantise (quantising the 0.5B draft would be most of a warm start)."""
+    if mode not in QUANT_MODES:
+        raise ValueError(f"draft quantisation must be one of {', '.join(QUANT_MODES)}, got {mode!r}")
+    head = model.get_output_embeddings()
+    if keep_vocab:
+        model.set_output_embeddings(PrunedHead(head, keep_vocab, head.weight.shape[0]))
+        model.config.tie_word_embeddings = False
+    if quant:
+        dtype = model.get_input_embeddings().weight.dtype
+        twin = f", int8 from {Int4Linear.WIDE} rows" if mode == "int4" else ""
+        layout = " (int4_vnni's tiles)" if mode == "int4" and int4_kernel() == "vnni" else ""
+        quantise(model, QUANT_MODES[mode], saved, f"{source}\n{mode}{layout}{twin}, {dtype}")
+    return model
+
+
+def quantise_target(model: nn.Module, saved: Path | None = None, source: str = "", kernel: str | None = None) -> nn.Module:
+    """In place: every Linear becomes a TokenInt8Linear, each row's attention is computed as a one-token step
+    computes it (attention.ROWS), everything else in float32: a position's logits are the same, bit for bit,
+    alone or in any verification pass, chain or tree.
+
+    Rounding an activation to int8 magnifies any difference in it, however small: a product that sums in
+    another order in a 17-row pass than in a one-row step (as batched attention does) flips int8 roundings
+    and moves logits by more than 1. Integer products are exact in any order, and the attention computes
+    a row with the same products whatever pass it is in. saved/source as in cheapen_draft; kernel: TokenInt8Linear's
+    (None: the CPU's default)."""
+    quantise(model, lambda name, mod, kept: TokenInt8Linear(mod, kept, kernel), saved, f"{source}\ntoken-int8")
+    model.set_attn_implementation(ROWS)
+    return model.float()
+
+
+def quantise(model: nn.Module, make, saved: Path | None, source: str) -> None:
+    """Every nn.Linear `mod` named `name` becomes make(name, mod, its saved tensors or None).
+
+    saved: a file for the quantised weights, written on first use and read afterwards; `source` names
+    the weights and the mode they came from, and a file made from others, or for another CPU or torch
+    (packed layouts depend on both), is made again."""
+    source = f"{source}, torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}"
+    tensors = load_saved(saved, source) if saved else {}
+    layers: dict[str, dict] = {}  # "layer name:field" -> {layer name: {field: tensor}}
+    for key, value in tensors.items():
+        name, _, field = key.rpartition(":")
+        layers.setdefault(name, {})[field] = value
+    replace_linears(model, lambda name, mod: make(name, mod if name in layers else read(mod), layers.get(name)))
+    if saved and not tensors:
+        layers = {name: mod for name, mod in model.named_modules() if hasattr(mod, "saved_state")}
+        # a layer saves the layers inside it (Int4Linear's int8 twin) with its own
+        outer = [name for name in layers if name.rpartition(".")[0] not in layers]
+        state = {f"{name}:{key}": value.contiguous() for name in outer for key, value in layers[name].saved_state().items()}
+        partial, digest = saved.with_name(saved.name + ".partial"), saved.with_name(saved.name + ".sha256")
+        save_file(state, str(partial), metadata={"source": source})
+        digest.with_name(digest.name + ".partial").write_text(file_digest(partial))
+        partial.replace(saved)  # a start cut short never leaves half a file behind
+        digest.with_name(digest.name + ".partial").replace(digest)
+    for mod in model.modules():  # oneDNN layers kept their plain weights for the file; their packs hold them
+        if isinstance(mod, TokenInt8Linear):
+            mod.plain = None
+
+
+def file_digest(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def read(linear: nn.Linear) -> nn.Linear:
+    """A Linear whose weight was left in its file (on the meta device, gguf_model.load_dense(lazy=True)) read now:
+    quantised weights made before need no values."""
+    if linear.weight.is_meta:
+        linear.weight = nn.Parameter(linear.values(), requires_grad=False)
+    return linear
+
+
+def load_saved(path: Path, source: str) -> dict:
+    """The tensors of a saved quantised model, or {} when there is none, it is unreadable, made from other weights, or
+    its bytes are not those it was written with (its SHA-256, kept beside it: 0.3 s for the bundled draft's)."""
+    try:
+        if path.with_name(path.name + ".sha256").read_text() != file_digest(path):
+            return {}
+        with safe_open(str(path), "pt") as f:
+            if (f.metadata() or {}).get("source") != source:
+                return {}
+            # copies: a tensor read in place may sit unaligned in the file, and the int8 kernels crash on that
+            return {key: f.get_tensor(key).clone() for key in f.keys()}
+    except Exception:
+        return {}

@@ -1,0 +1,153 @@
+"""The draft's decoding step on CPUs, written out.
+
+A step of the 0.5B draft feeds one or a few tokens through 24 layers. Its int4 products read the weights
+once and are most of the time; the rest of transformers' general forward (module calls, a cache that
+concatenates every layer's keys and values, casts, masks) costs a fifth of a step on two cores. Here a
+Llama-shaped decoder (Qwen2, Llama) takes its step as one loop over its layers:
+- the q/k/v products are one int4 product, and so are gate and up (their packed rows concatenated);
+- the small operations between products (norms and the residual adds, the rotation with the cache writes, the
+  activation) are one call each to step_ops.c, not some twenty PyTorch operations a layer;
+- keys and values are written into the room behind the cache's (cache.RoomLayer), not concatenated;
+- the attention is one SDPA call per layer over the grouped key/value heads.
+
+It serves the draft only. A draft changes the speed, never the output: its logits may differ from the
+general forward's by rounding, and its tokens are verified by the target whatever they are.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..cache import RoomLayer
+from .int4_vnni import product as int4_product
+from .native import load
+from .quant import Int4Linear
+
+SOURCE = Path(__file__).with_name("step_ops.c")
+FLAGS = ["-O3", "-shared", "-fPIC"]  # any CPU: a few element-wise loops
+
+
+@functools.cache
+def ops() -> ctypes.CDLL | None:
+    """step_ops.c, built; None where it cannot be (a warning says why: the draft then takes the general forward)."""
+    lib, _ = load(SOURCE, FLAGS, set(), "the draft's written-out step is not used: {why}")
+    if lib is None:
+        return None
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.add_norm.argtypes = [p, p, p, i, i, ctypes.c_float, p]
+    lib.rotate_write.argtypes = [p, p, p, i, i, i, i, p, p, p, i, i]
+    lib.silu_mul.argtypes = [p, i, i, p]
+    return lib
+
+
+class Int4Product:
+    """One int4 product for several projections of the same input: their weights stacked, their outputs side by
+    side. Stacking is exact only where each part fills whole blocks of the kernel's layout (4 outputs in int4_vnni's,
+    64 in PyTorch's CPU kernel): checked here on a random input (`fused`), else the parts run one by one."""
+
+    def __init__(self, linears: list[Int4Linear]):
+        self.linears, self.in_features = linears, linears[0].in_features
+        self.out_features = sum(m.out_features for m in linears)
+        self.own = linears[0].tiles is not None
+        names = ("tiles",) if self.own else ("packed",)
+        self.stacked = {name: torch.cat([getattr(m, name) for m in linears]) for name in names}
+        if not self.own:
+            self.stacked["scales"] = torch.cat([m.scales for m in linears], 1).contiguous()
+        biases = [m.bias if m.bias is not None else torch.zeros(m.out_features, dtype=torch.bfloat16) for m in linears]
+        self.bias = torch.cat(biases) if any(m.bias is not None for m in linears) else None
+        self.fused = True
+        with torch.inference_mode():
+            x = torch.randn(2, self.in_features, dtype=torch.bfloat16)
+            self.fused = len(linears) == 1 or torch.equal(self(x), torch.cat([m(x) for m in linears], -1))
+        if self.fused:
+            start = 0
+            for m in linears:  # each projection keeps its weights, now a view of the stacked ones (not a second copy)
+                for name in names:
+                    size = getattr(m, name).shape[0]
+                    setattr(m, name, self.stacked[name][start:start + size])
+                start += size
+        else:
+            self.stacked = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.fused:
+            return torch.cat([m(x) for m in self.linears], -1)
+        if self.own:
+            y = int4_product(self.stacked["tiles"], x, self.out_features, self.in_features)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.stacked["packed"], Int4Linear.GROUP,
+                                                           self.stacked["scales"])
+        return y if self.bias is None else y + self.bias
+
+
+class DecodeStep:
+    """fits(model): a Llama-shaped decoder on a CPU with int4 projections, where step_ops.c builds.
+    step(ids, cache, length, keep): append `ids` [1, n] to `cache` (a DynamicCache of RoomLayers holding `length`
+    tokens) and return the logits of the last `keep` positions, [keep, vocab]; None when the cache is not ready for
+    it (nothing cached yet)."""
+
+    def __init__(self, model):
+        cfg = model.config
+        self.model, self.eps = model, cfg.rms_norm_eps
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.hidden, self.inter = cfg.hidden_size, cfg.intermediate_size
+        self.head_dim = getattr(cfg, "head_dim", None) or self.hidden // self.heads
+        self.layers = []
+        for layer in model.get_decoder().layers:
+            a, m = layer.self_attn, layer.mlp
+            self.layers.append((layer.input_layernorm.weight, Int4Product([a.q_proj, a.k_proj, a.v_proj]),
+                                Int4Product([a.o_proj]), layer.post_attention_layernorm.weight,
+                                Int4Product([m.gate_proj, m.up_proj]), Int4Product([m.down_proj]), a.scaling))
+
+    @staticmethod
+    def fits(model) -> bool:
+        cfg = model.config
+        layers = model.get_decoder().layers
+        attn, mlp = layers[0].self_attn, layers[0].mlp
+        return (model.get_input_embeddings().weight.device.type == "cpu" and cfg.model_type in ("qwen2", "llama")
+                and not getattr(cfg, "use_sliding_window", False) and getattr(cfg, "hidden_act", "silu") == "silu"
+                and all(isinstance(getattr(part, name), Int4Linear) for part, names in (
+                    (attn, ("q_proj", "k_proj", "v_proj", "o_proj")), (mlp, ("gate_proj", "up_proj", "down_proj")))
+                    for name in names)
+                and all(norm.weight.dtype == torch.bfloat16 for layer in layers
+                        for norm in (layer.input_layernorm, layer.post_attention_layernorm))
+                and model.get_decoder().norm.weight.dtype == torch.bfloat16
+                and ops() is not None)
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor, cache, length: int, keep: int) -> torch.Tensor | None:
+        if length == 0 or len(cache.layers) != len(self.layers) or not cache.layers[0].is_initialized \
+                or not all(isinstance(layer, RoomLayer) for layer in cache.layers):
+            return None
+        lib, n, d, g = ops(), ids.shape[1], self.head_dim, self.heads // self.kv_heads
+        h = self.model.get_input_embeddings()(ids[0]).float()  # the residual stream, [n, hidden], in float32
+        positions = torch.arange(length, length + n, device=ids.device)[None]
+        cos, sin = (c[0].contiguous() for c in self.model.get_decoder().rotary_emb(h[None], positions))  # [n, d]
+        # n > 1: query i sees the cache and the new tokens up to itself; rows ordered as the grouped query heads
+        mask = None if n == 1 else torch.ones(n, length + n, dtype=torch.bool).tril(length).repeat(g, 1)[None, None]
+        x = torch.empty(n, self.hidden, dtype=torch.bfloat16)  # each norm's output: the next product's input
+        q = torch.empty(self.heads, n, d, dtype=torch.bfloat16)
+        act = torch.empty(n, self.inter, dtype=torch.bfloat16)
+        add = None  # the last product's output, for the residual stream (tensors named: alive through the C calls)
+        for layer, (norm1, qkv, out, norm2, gate_up, down, scale) in zip(cache.layers, self.layers):
+            lib.add_norm(h.data_ptr(), None if add is None else add.data_ptr(), norm1.data_ptr(), n, self.hidden,
+                         self.eps, x.data_ptr())
+            keys, values = layer.reserve(n)
+            rows = qkv(x)
+            lib.rotate_write(rows.data_ptr(), cos.data_ptr(), sin.data_ptr(), n, self.heads, self.kv_heads, d,
+                             q.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.shape[2], length)
+            # each key/value head's query heads stacked as rows: the keys are read as they are, not repeated
+            o = F.scaled_dot_product_attention(q.view(1, self.kv_heads, g * n, d), layer.keys, layer.values,
+                                               attn_mask=mask, scale=scale)
+            add = out(o.view(self.heads, n, d).transpose(0, 1).reshape(n, -1))
+            lib.add_norm(h.data_ptr(), add.data_ptr(), norm2.data_ptr(), n, self.hidden, self.eps, x.data_ptr())
+            rows = gate_up(x)
+            lib.silu_mul(rows.data_ptr(), n, self.inter, act.data_ptr())
+            add = down(act)
+        norm = self.model.get_decoder().norm
+        lib.add_norm(h.data_ptr(), add.data_ptr(), norm.weight.data_ptr(), n, self.hidden, self.eps, x.data_ptr())
+        return self.model.get_output_embeddings()(x[n - keep:])

@@ -1,0 +1,54 @@
+"""Turning logits into the distribution tokens are sampled from.
+
+The same function warps the draft's and the target's logits, so both distributions are
+computed identically (float32, same temperature / top-k / top-p). Temperature 0 gives a
+one-hot distribution at the argmax, so greedy decoding is the same algorithm with
+deterministic distributions rather than a separate code path.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class NonFiniteLogitsError(RuntimeError):
+    """A model produced NaN or infinite logits (for example float16 overflow)."""
+
+
+NON_FINITE = "the model produced NaN or infinite logits; no token was taken from them"
+
+
+def warp(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., V] logits -> ([..., V] float32 probabilities, a () bool tensor: some row held NaN or +inf).
+
+    Nothing is read back to the host: the caller reads the flag together with the rest of its round
+    and raises NonFiniteLogitsError before anything is committed. A failed row is sampled from
+    harmlessly (a one-hot at its argmax when greedy, uniform otherwise) and never used.
+    """
+    logits = logits.float()
+    # -inf is a legitimate mask (a pruned draft head); NaN and +inf are failures. A row's max is NaN
+    # or +inf exactly when the row holds one, so one pass checks every row and finds the argmax too
+    # (this runs for every draft token and every verified row: a pass over 150k logits each).
+    top, argmax = logits.max(-1, keepdim=True)
+    failed = torch.isnan(top) | torch.isposinf(top)
+    if temperature == 0.0:
+        return torch.zeros_like(logits).scatter_(-1, argmax, 1.0), failed.any()  # ties: the first maximum
+    logits = torch.where(failed, 0.0, logits) / temperature
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        # drop a token when the mass before it already reaches top_p (the first token always stays)
+        drop = (sorted_p.cumsum(-1) - sorted_p) >= top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs, failed.any()
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token id per row of [..., V] probabilities."""
+    return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator).reshape(probs.shape[:-1])
+
+

@@ -122,7 +122,8 @@ def test_bench_times_contexts_and_the_draft_step(tmp_path, capsys):
     assert all(c["prompt_ms"] > 0 and c["draft_prompt_ms"] > 0 for c in costs.values())
     parts = report["draft_step"]["parts"]
     assert set(parts) == {"attention", "mlp", "norms", "head", "sampling", "python and dispatch"}
-    assert all(p["ms"] >= 0 for p in parts.values()) and parts["mlp"]["mb"] > 0 and parts["head"]["mb"] > 0
+    assert all(parts[name]["ms"] > 0 for name in ("attention", "mlp", "norms", "head", "sampling"))  # each one timed
+    assert parts["mlp"]["mb"] > 0 and parts["head"]["mb"] > 0
     assert sum(p["ms"] for name, p in parts.items() if name != "sampling") == pytest.approx(report["draft_step"]["step_ms"])
     out = capsys.readouterr().out
     assert "context 200: step_ms" in out and "prompt_ms" in out and "python and dispatch" in out

@@ -17,6 +17,30 @@ def test_greedy_is_one_hot_at_argmax():
     assert probs.tolist() == [[0.0, 1.0, 0.0]]
 
 
+def test_top_p_and_top_k_boundaries_with_exact_probabilities():
+    """Four equal logits: probabilities of exactly 1/4. top_p = 0.5 is reached by two tokens, so the third one,
+    whose mass before it is exactly 0.5, goes; top-k keeps nothing below the k-th logit, however close."""
+    assert sorted(logits_to_probs(torch.zeros(4), 1.0, top_p=0.5).tolist()) == [0.0, 0.0, 0.5, 0.5]
+    assert sorted(logits_to_probs(torch.zeros(4), 1.0, top_p=0.5000001).tolist())[1] > 0  # just past it: a third one
+    probs = logits_to_probs(torch.tensor([2.0, 1.0, 0.995, 0.0]), 1.0, top_k=2)
+    assert probs[2] == 0 and probs[3] == 0 and probs[:2].sum() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("where, old, new", [
+    ("top_p", "sorted_p) >= top_p", "sorted_p) > top_p"),
+    ("top_k", "logits < kth,", "logits < kth - 0.01,"),
+])
+def test_moved_boundaries_are_caught(monkeypatch, where, old, new):
+    from specdec_core import sampling
+
+    from ..conftest import mutate
+
+    mutate(monkeypatch, sampling, "warp", (old, new))
+    monkeypatch.setitem(globals(), "warp", sampling.warp)
+    with pytest.raises(AssertionError):
+        test_top_p_and_top_k_boundaries_with_exact_probabilities()
+
+
 def test_temperature_top_k_top_p():
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
     assert torch.allclose(logits_to_probs(logits, 1.0), torch.tensor([0.5, 0.3, 0.15, 0.05]))

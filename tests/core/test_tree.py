@@ -119,10 +119,8 @@ def test_tree_events_describe_each_round(tiny):
     events = list(speculative_generate(with_eos(tiny, []), PROMPT, cfg, drafter))
     assert any(len(e.path) > 0 for e in events) and any(len(set(e.parents)) < len(e.parents) for e in events)
     for e in events:
-        if e.parents is None:  # a round with room for one token only drafts nothing
-            assert not e.drafted and e.n_generated == cfg.max_new_tokens
-            continue
         n = len(e.drafted)
+        assert n or e.n_generated == cfg.max_new_tokens  # only a round with room for one token left drafts nothing
         assert len(e.parents) == n <= 10 and all(-1 <= parent < i for i, parent in enumerate(e.parents))
         assert len(e.target_top) == n + 1 and len(e.draft_top) == n and len(e.accept_probs) == n
         path = e.path
@@ -153,6 +151,31 @@ def test_tree_size_follows_the_cost_of_a_pass():
     uneven = PassCosts({1: 1.0, 2: 2.5, 4: 2.6, 16: 9.0}, draft=0.5)
     assert [round(uneven.verify(n), 3) for n in (2, 4)] == [1.533, 2.6]
     assert tree_size(ranked, uneven) == 2
+
+
+def test_a_nodes_place_in_the_tree_never_depends_on_the_ranks_after_it():
+    """Exactness needs it (verify.py): a tree cut at n nodes stays cut there whatever follows, even a rank that
+    would pay for the one before it. Each count is checked against lists that go on with a high and a low rank."""
+    costs = (PassCosts({1: 1.0, 65: 17.0}, draft=0.5), PassCosts({1: 1.0, 2: 2.5, 4: 2.6, 16: 9.0}, draft=0.5))
+    rng = torch.Generator().manual_seed(0)
+    cut = 0
+    for _ in range(300):
+        ranked = torch.rand(int(torch.randint(1, 9, (1,), generator=rng)), generator=rng).tolist()
+        for c in costs:
+            n = theory.tree_size(ranked, c)
+            if n < len(ranked):
+                cut += 1
+                assert [theory.tree_size(ranked + [x], c) for x in (1.0, 0.0)] == [n, n], (ranked, n)
+    assert cut > 100  # most lists were cut, so the rule was put to the test
+
+
+def test_tree_sizing_that_looks_one_rank_ahead_is_caught(monkeypatch):
+    ahead = ("        if (tokens + rank)", "        after = ranked[n + 1] if n + 1 < len(ranked) else 0.0\n"
+             "        if (tokens + rank + after) / (fixed + costs.verify(n + 3)) < tokens / (fixed + costs.verify(n + 1)) "
+             "and (tokens + rank)")
+    mutate(monkeypatch, theory, "tree_size", ahead)
+    with pytest.raises(AssertionError):
+        test_a_nodes_place_in_the_tree_never_depends_on_the_ranks_after_it()
 
 
 def test_tree_costs_are_timed_once_per_pair(tiny):

@@ -1,6 +1,7 @@
 """Exact checks of the accept/reject step on hand-built distributions (p = target, q = draft)."""
 from types import SimpleNamespace
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -35,6 +36,27 @@ def test_first_rejected_samples_target_replacement():
     assert (v.n_accepted, v.token) == (0, 0)
     assert v.accept_probs.tolist() == [0.0, 1.0]
     assert v.residual.tolist() == one_hot(0).tolist()
+
+
+def test_the_residual_after_a_later_rejection_takes_that_rows_q():
+    """Accept the first token surely, reject the second surely: the residual is norm(max(0, p_1 - q_1)), with
+    row 1's q; row 0's q would give another distribution."""
+    p = torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.5, 0.0, 0.25, 0.25], [0.25] * 4])
+    q = torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.25, 0.5, 0.25, 0.0]])
+    for seed in range(5):
+        v = verify(torch.tensor([1, 1]), q, p, torch.Generator().manual_seed(seed))
+        assert v.n_accepted == 1 and v.residual.tolist() == [0.5, 0.0, 0.0, 0.5] and v.token in (0, 3)
+
+
+def test_a_residual_from_the_previous_rows_q_is_caught(monkeypatch):
+    from specdec_core import verify as module
+
+    from ..conftest import mutate
+
+    mutate(monkeypatch, module, "_decide_chain", ("q.new_zeros(1, q.shape[-1])]).index_select(0, at)",
+                                                   "q.new_zeros(1, q.shape[-1])]).index_select(0, (at - 1).clamp(min=0))"))
+    with pytest.raises(AssertionError):
+        test_the_residual_after_a_later_rejection_takes_that_rows_q()
 
 
 def test_middle_rejected():

@@ -319,6 +319,7 @@ def options(argv=None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="auto")
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts")
+    ap.add_argument("--only", default="", help="comma list of prompt ids or categories (e.g. portuguese)")
     ap.add_argument("--repeats", type=int, default=1, help="run each method this many times; keep the fastest")
     ap.add_argument("--draft-quant", default="int4", choices=[*QUANT_MODES, "off"],
                     help="how the draft is quantised on CPUs (off: as loaded)")
@@ -410,7 +411,11 @@ def main(argv=None) -> dict:
     args = options(argv)
     cfg = SpecConfig(**{name: getattr(args, name) for name, *_ in SpecConfig.options(skip=NOT_FLAGS)})
     items = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+    only = {x.strip() for x in args.only.split(",") if x.strip()}
+    items = [item for item in items if not only or only & {item["id"], item["category"]}]
     items = items[: args.limit] if args.limit else items
+    if not items:
+        raise SystemExit(f"no prompt in {args.prompts} is among {sorted(only)}")
     pairs, cfgs, load_s = load_variants(args, cfg, items[0]["prompt"])  # runs interleave prompt by prompt
     peer = None
     if args.peer == "llama.cpp":

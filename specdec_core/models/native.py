@@ -30,10 +30,10 @@ AVX512_VNNI = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c"}  # as /
 AVX512_VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c"]  # and as gcc does
 
 @contextmanager
-def locked(folder: Path):
-    """`folder` to this caller alone: another process, or another thread here (each opens the file anew), waits,
-    then finds what was made."""
-    with open(folder / ".lock", "a") as f:
+def locked(folder: Path, name: str = ".lock"):
+    """What the lock file `folder/name` guards, to this caller alone: another process, or another thread here (each
+    opens the file anew), waits, then finds what was made."""
+    with open(folder / name, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield

@@ -35,6 +35,7 @@ from torch import nn
 from .attention import ROWS
 from .int4_vnni import fits as int4_fits, pack as int4_pack, product as int4_product
 from .int8_vnni import Int8Product, fits as vnni_fits
+from .native import locked
 
 
 def channel_scales(w: torch.Tensor) -> torch.Tensor:
@@ -392,6 +393,18 @@ def quantise(model: nn.Module, make, saved: Path | None, source: str) -> None:
     the weights and the mode they came from, and a file made from others, or for another CPU or torch
     (packed layouts depend on both), is made again."""
     source = f"{source}, torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}"
+    if saved is None:
+        replace_saved(model, make, None, source)
+    else:
+        with locked(saved.parent, saved.name + ".lock"):  # two starts on one cache: the second reads the first's file
+            replace_saved(model, make, saved, source)
+    for mod in model.modules():  # oneDNN layers kept their plain weights for the file; their packs hold them
+        if isinstance(mod, TokenInt8Linear):
+            mod.plain = None
+
+
+def replace_saved(model: nn.Module, make, saved: Path | None, source: str) -> None:
+    """quantise's work: the saved tensors read, or the layers made and (with `saved`) written."""
     tensors = load_saved(saved, source) if saved else {}
     layers: dict[str, dict] = {}  # "layer name:field" -> {layer name: {field: tensor}}
     for key, value in tensors.items():
@@ -408,9 +421,6 @@ def quantise(model: nn.Module, make, saved: Path | None, source: str) -> None:
         digest.with_name(digest.name + ".partial").write_text(file_digest(partial))
         partial.replace(saved)  # a start cut short never leaves half a file behind
         digest.with_name(digest.name + ".partial").replace(digest)
-    for mod in model.modules():  # oneDNN layers kept their plain weights for the file; their packs hold them
-        if isinstance(mod, TokenInt8Linear):
-            mod.plain = None
 
 
 def file_digest(path: Path) -> str:

@@ -590,3 +590,37 @@ def test_the_kernels_can_be_turned_off_and_the_fallbacks_run(monkeypatch, tmp_pa
     finally:
         for library in libraries:
             library.cache_clear()
+
+
+TWO_STARTS = """
+import sys, time
+from pathlib import Path
+import safetensors.torch
+from specdec_core.models import quant
+from specdec_core.models.tiny import tiny_models
+save = quant.save_file
+def slow_save(*args, **kwargs):  # widens the window between writing the file and moving it into place
+    save(*args, **kwargs)
+    time.sleep(1.0)
+quant.save_file = slow_save
+target, _, _ = tiny_models()
+while time.time() < float(sys.argv[2]):  # both processes start at this second
+    time.sleep(0.01)
+quant.quantise_target(target, Path(sys.argv[1]), "tiny")
+print("ok")
+"""
+
+
+def test_two_starts_that_quantise_one_file_at_once_both_come_up(tmp_path):
+    """Two apps started together on one empty cache: the second waits for the first's file and reads it."""
+    import subprocess
+    import sys
+    import time
+
+    saved, start = tmp_path / "target-int8.safetensors", f"{time.time() + 8:.2f}"
+    runs = [subprocess.Popen([sys.executable, "-c", TWO_STARTS, str(saved), start], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [run.communicate(timeout=120) for run in runs]
+    assert [out.strip() for out, _ in outs] == ["ok", "ok"], [err[-400:] for _, err in outs]
+    assert saved.with_name(saved.name + ".sha256").read_text() == quant.file_digest(saved)  # whole, and checked
+    assert not list(tmp_path.glob("*.partial"))

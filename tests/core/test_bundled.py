@@ -95,3 +95,41 @@ def test_a_damaged_quantised_draft_is_made_again_never_loaded(tmp_path, damage):
     stamp = path.stat().st_mtime_ns
     assert torch.equal(made(), want)
     assert path.stat().st_mtime_ns != stamp and path.with_name(path.name + ".sha256").read_text() == digest
+
+
+@pytest.mark.slow
+@pytest.mark.bundled
+def test_a_first_start_killed_midway_leaves_no_process_behind(tmp_path):
+    """The bundled models are read and converted on threads of the process itself: killing it mid-start leaves
+    nothing running (an earlier version's conversion workers outlived it, blocked on a pipe, holding 3.4 GB)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    def children(pid: int) -> list[int]:
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                if entry.isdigit() and open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1] == str(pid):
+                    found.append(int(entry))
+            except OSError:
+                pass
+        return found
+
+    env = dict(os.environ, SPECDEC_CACHE=str(tmp_path))  # an empty cache: a first start
+    start = subprocess.Popen([sys.executable, "-c", "from specdec_core import load_pair; load_pair('bundled')"], env=env)
+    seen = set()
+    deadline = time.time() + 20
+    while time.time() < deadline and start.poll() is None:  # reading, checking and converting the models
+        seen.update(children(start.pid))
+        time.sleep(0.2)
+    assert start.poll() is None, "the start ended before it could be killed"
+    os.kill(start.pid, signal.SIGKILL)
+    start.wait()
+    alive = lambda: [pid for pid in seen if os.path.exists(f"/proc/{pid}")]
+    deadline = time.time() + 15  # a compiler building a kernel at that moment finishes its file and exits
+    while alive() and time.time() < deadline:
+        time.sleep(0.5)
+    assert alive() == [], f"processes left behind: {alive()}"

@@ -145,10 +145,9 @@ MUTANTS = {  # a planted bug: (kind it breaks, old text, new text), each in one 
                                        "const __m512i sc = _mm512_and_si512(scs, half);"),
     "a wrong min (Q4_K)": (4, "x->p32[((size_t)(m0 + r) * nb + b) * 4 + p]", "x->p32[((size_t)(m0 + r) * nb + b) * 4]"),
     "a dropped block (Q6_K)": (6, "for (int b = 0; b < nb; b++, w += Q6_PACKED)", "for (int b = 0; b < nb - 1; b++, w += Q6_PACKED)"),
-    "nibble order swapped (Q4_K)": (4, "dot[r] = _mm512_dpbusd_epi32(dot[r], lo, _mm512_set1_epi32(xr[0]));\n"
-                                        "                        dot[r] = _mm512_dpbusd_epi32(dot[r], hi, _mm512_set1_epi32(xr[1]));",
-                                    "dot[r] = _mm512_dpbusd_epi32(dot[r], hi, _mm512_set1_epi32(xr[0]));\n"
-                                    "                        dot[r] = _mm512_dpbusd_epi32(dot[r], lo, _mm512_set1_epi32(xr[1]));"),
+    "nibble order swapped (Q4_K)": (4, "dot[r] = dpb(dot[r], lo, xr);\n                        dot[r] = dpb(dot[r], hi, xr + 1);",
+                                    "dot[r] = dpb(dot[r], hi, xr);\n                        dot[r] = dpb(dot[r], lo, xr + 1);"),
+    "a broadcast from the next activations (Q6_K)": (6, "dot = dpb(dot, q[3], xr + 3);", "dot = dpb(dot, q[3], xr + 4);"),
     "Q6_K's high bits one place off": (6, "_mm512_slli_epi16(qb, 2)", "_mm512_slli_epi16(qb, 3)"),
     "Q6_K's offset of 32 forgotten": (6, "_mm512_slli_epi32(csum, 5)", "_mm512_slli_epi32(csum, 4)"),
     "a tile's rows all read its first (Q4_K)": (4, "x->q + (size_t)(m0 + r) * K + b * QK + 8 * c", "x->q + (size_t)m0 * K + b * QK + 8 * c"),

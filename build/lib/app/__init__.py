@@ -1,1 +1,0 @@
-"""The Gradio demo: a live race between plain and speculative decoding."""

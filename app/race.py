@@ -29,10 +29,6 @@ class Lane:
     done: bool = False
 
     @property
-    def clock(self) -> float:
-        return self.events[-1].elapsed_s if self.events else 0.0
-
-    @property
     def stats(self) -> Stats | None:
         return summarize(self.events) if self.events else None
 

@@ -23,7 +23,6 @@ MAX_TRACE_BYTES = 5_000_000  # a real race's trace is well under 1 MB
 MAX_TOP = 64  # rows of top-n probabilities an event may carry, and entries per row
 # a replay lasts at most as long as a slow real race of its length: a lane's clock is clipped to this
 PROMPT_S, S_PER_TOKEN = 5.0, 1.0
-COMMITTED_KINDS = ("accepted", "replacement", "bonus", "target")  # version 1 pieces that carried output text
 
 
 def token_ids(events: list[RoundEvent]):
@@ -45,15 +44,6 @@ def to_trace(race: Race) -> dict:
             "labels": {str(k): v for k, v in race.labels.items()}, "lanes": lanes}
 
 
-def lane_texts(lane: dict, events: list[RoundEvent]) -> tuple[list[str], str]:
-    """(texts, tail) of a lane; version 1 traces stored pieces, whose committed ones carry the texts."""
-    if "texts" in lane:
-        return [str(x) for x in lane["texts"]], str(lane.get("tail", ""))
-    texts = [p["text"] for p in lane["pieces"] if p["kind"] in COMMITTED_KINDS]
-    n = sum(len(e.committed) for e in events)
-    return texts[:n], "".join(texts[n:])  # a text past the last token is the held-back tail
-
-
 Step = tuple[str, RoundEvent, list[str], str]  # lane name, event, its committed tokens' texts, the tail if it ends
 
 
@@ -65,7 +55,7 @@ def from_trace(data: dict | str) -> tuple[Race, list[Step]]:
         data = json.loads(data) if isinstance(data, str) else data
     except RecursionError:
         raise Said("trace_damaged", error="nested too deeply") from None
-    if not isinstance(data, dict) or data.get("format") != "specdec-trace" or data.get("version") not in (1, VERSION):
+    if not isinstance(data, dict) or data.get("format") != "specdec-trace" or data.get("version") != VERSION:
         raise Said("trace_not", version=VERSION)
     try:
         cfg = SpecConfig(**data["settings"])
@@ -76,7 +66,7 @@ def from_trace(data: dict | str) -> tuple[Race, list[Step]]:
             if sum(len(e.committed) for e in events) > cfg.max_new_tokens:
                 raise Said("trace_tokens", lane=name, n=cfg.max_new_tokens)
             lanes[name] = Lane(name, iter(()), None)
-            texts, tail = lane_texts(data["lanes"][name], events)
+            texts, tail = [str(x) for x in data["lanes"][name]["texts"]], str(data["lanes"][name].get("tail", ""))
             for e in clipped(events):
                 timeline.append((name, e, texts[: len(e.committed)], tail if e.finished else ""))
                 texts = texts[len(e.committed):]

@@ -80,12 +80,6 @@ def cross(o, a, b) -> float:
     return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
 
 
-def expected_tree_tokens(path_probs: list[float]) -> float:
-    """Tokens a tree round is expected to commit: 1 (the target's own) + the probability that each node is
-    accepted, its path probability if the draft's probabilities were the target's (EAGLE-2's estimate)."""
-    return 1.0 + sum(path_probs)
-
-
 def tree_size(ranked: list[float], costs: PassCosts | None, forwards: float = 1.0) -> int:
     """How many of the nodes, in the order given (`ranked`: their path probabilities), to verify: nodes are added
     while the expected tokens over the round's cost (`forwards` draft forwards and a pass of n + 1 tokens) rises,

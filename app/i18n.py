@@ -22,11 +22,15 @@ próprio alvo (token a token no modo guloso, a mesma distribuição na amostrage
         """**How the race is run.** Both decoders share one device, so they take turns: each step goes to the
 decoder that is behind, and each is charged only its own compute time (synchronised on GPUs). The
 timeline you see is that shared clock, as if each had the device to itself, so the race plays at
-about half real speed. Numbers match `python -m specdec_core.bench` on the same prompt.""",
+about half real speed. The numbers are `python -m specdec_core.bench`'s on the same prompt when the browser runs
+on another machine; a browser drawing the page on the server's own few cores slows both decoders alike (on 2 cores,
+to about half).""",
         """**Como a corrida é feita.** Os dois decodificadores dividem um dispositivo e se revezam: cada passo vai
 para o que está atrás, e cada um é cobrado só pelo próprio tempo de computação (sincronizado em GPUs). A linha do
 tempo mostrada é esse relógio compartilhado, como se cada um tivesse o dispositivo só para si; por isso a corrida
-roda a cerca de metade da velocidade real. Os números batem com `python -m specdec_core.bench` no mesmo prompt."""),
+roda a cerca de metade da velocidade real. Os números são os de `python -m specdec_core.bench` no mesmo prompt quando o
+navegador roda em outra máquina; um navegador que desenha a página nos poucos núcleos do próprio servidor deixa os dois
+decodificadores mais lentos por igual (em 2 núcleos, cerca da metade)."""),
     "rules": (
         f"Rules: K 1–{MAX_K}; max new tokens 1–{MAX_NEW_TOKENS}; temperature 0–{MAX_TEMPERATURE:g} (below 0.0001 "
         "counts as 0 = greedy); top-p in (0, 1]; top-k 0 = off; seed a whole number ≥ 0. Prompt text is taken "

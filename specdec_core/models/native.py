@@ -4,7 +4,6 @@ dependency. A compiler is optional: without one (or with SPECDEC_KERNELS=off) Py
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import hashlib
 import os
 import platform
@@ -16,6 +15,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .pair import default_cache_dir
+
+try:
+    import fcntl
+except ImportError:  # Windows: no lock between processes, so start one app at a time on a cache
+    fcntl = None
 
 
 def cpu_flags() -> set[str]:
@@ -29,10 +33,14 @@ def cpu_flags() -> set[str]:
 AVX512_VNNI = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c"}  # as /proc/cpuinfo names them
 AVX512_VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c"]  # and as gcc does
 
+
 @contextmanager
 def locked(folder: Path, name: str = ".lock"):
     """What the lock file `folder/name` guards, to this caller alone: another process, or another thread here (each
     opens the file anew), waits, then finds what was made."""
+    if fcntl is None:
+        yield
+        return
     with open(folder / name, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
@@ -45,7 +53,7 @@ def private_dir(folder: Path) -> str:
     """Make `folder` (0700) if it is not there; "" if only this user can write to it, else why not."""
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     st = folder.stat()
-    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+    if hasattr(os, "getuid") and (st.st_uid != os.getuid() or st.st_mode & 0o022):
         return f"{folder} is writable by other users (or not owned by this one), so nothing is loaded from it"
     return ""
 

@@ -201,3 +201,19 @@ def test_bench_compares_the_written_and_the_general_draft_step_in_one_run(tmp_pa
     assert written["draft_step"]["parts"]["int4 projections"]["mb"] > 0
     assert "mlp" in general["draft_step"]["parts"] and general["draft_step"]["parts"]["mlp"]["mb"] > 0
     assert all(e["identical_to_ar"] for run in (written, general) for e in run["prompts"])
+
+
+def test_startup_bench_times_the_check_of_each_cached_file(tmp_path):
+    """The digest check a start makes of the weights it runs from, timed as the startup bench shows it."""
+    from specdec_core.bench.startup import checks
+    from specdec_core.models.quant import file_digest
+
+    made = tmp_path / "target-int8.safetensors"
+    made.write_bytes(b"x" * 3_000_000)
+    made.with_name(made.name + ".sha256").write_text(file_digest(made))
+    (tmp_path / "draft-int4.safetensors").write_bytes(b"y")
+    (tmp_path / "draft-int4.safetensors.sha256").write_text("0" * 64)  # damaged: a start would make it again
+    timed = checks(tmp_path)
+    assert set(timed) == {"target-int8.safetensors", "draft-int4.safetensors"}
+    assert timed["target-int8.safetensors"]["same"] and not timed["draft-int4.safetensors"]["same"]
+    assert timed["target-int8.safetensors"]["mb"] == 3.0 and timed["target-int8.safetensors"]["seconds"] > 0

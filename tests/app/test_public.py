@@ -17,12 +17,13 @@ from app import trace as traces
 from app.limits import visitor_of
 from app.pairs import PairManager, check_model_id
 from app.settings import ask
-from app.trace import from_trace, to_trace
 from app.race import run, start_race
+from app.trace import from_trace, to_trace
 from app.ui import build_app
 from specdec_core import SpecConfig
 from specdec_core.bench.startup import free_port
 from specdec_core.models.tiny import tiny_models
+
 
 def script():
     """app.py, the script (the name `app` is the package)."""

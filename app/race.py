@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from specdec_core import SpecConfig, autoregressive_generate, make_drafter, speculative_generate, summarize
+from specdec_core.drafters import DRAFTERS
 from specdec_core.engine import encode_request
 from specdec_core.events import RoundEvent, Stats
 from specdec_core.models import first_divergence
@@ -74,7 +75,7 @@ class Race:
         return self._parted
 
 
-def start_race(pair, prompt: str, cfg: SpecConfig, drafter: str = "model", plain: bool = True) -> Race:
+def start_race(pair, prompt: str, cfg: SpecConfig, drafter: str = DRAFTERS[0], plain: bool = True) -> Race:
     """Validate everything up front (raising ValueError with a message) before any compute starts."""
     ids = encode_request(pair, prompt, cfg)
     spec = Lane("speculative", speculative_generate(pair, ids, cfg, make_drafter(pair, drafter, cfg)),

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from specdec_core import SpecConfig
+from specdec_core.drafters import DRAFTERS
 
 from .i18n import Said
 
@@ -13,7 +14,7 @@ INSPECTOR_TOP = 5  # top-n probabilities the inspector shows per position
 @dataclass(frozen=True)
 class Ask:
     cfg: SpecConfig
-    drafter: str = "model"
+    drafter: str = DRAFTERS[0]
     lang: str = "en"  # a code or a LANGUAGES label (i18n.t takes both)
 
 
@@ -27,4 +28,4 @@ def ask(values: dict) -> Ask:
     names = {f.name for f in fields(SpecConfig)}
     given = {name: value for name, value in values.items() if name in names and value is not None}
     cfg = SpecConfig(**{"record_top": INSPECTOR_TOP, **given})
-    return Ask(cfg, values.get("drafter") or "model", values.get("lang") or "en")
+    return Ask(cfg, values.get("drafter") or DRAFTERS[0], values.get("lang") or "en")

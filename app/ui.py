@@ -10,6 +10,7 @@ import gradio as gr
 
 from specdec_core import SpecConfig
 from specdec_core.config import MAX_GUESS, MAX_K, MAX_NEW_TOKENS, MAX_TEMPERATURE, MAX_TREE_NODES
+from specdec_core.drafters import DRAFTERS
 
 from . import handlers, teach
 from .i18n import LANGUAGES, t
@@ -101,7 +102,7 @@ API_SIGNATURE = inspect.Signature(
     [inspect.Parameter("prompt", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)]
     + [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=kind)
        for name, kind, default, _ in SpecConfig.options(skip=("chat", "record_top"))]
-    + [inspect.Parameter("drafter", inspect.Parameter.POSITIONAL_OR_KEYWORD, default="model", annotation=str),
+    + [inspect.Parameter("drafter", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=DRAFTERS[0], annotation=str),
        inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=gr.Request)],
     return_annotation=dict)
 DEFAULTS = SpecConfig()
@@ -123,7 +124,7 @@ def build_controls(tx: Texts):
             top_k = tx(gr.Slider, 0, 200, value=DEFAULTS.top_k, step=1, label=key("top_k"))
             seed = tx(gr.Number, DEFAULTS.seed, precision=0, minimum=0, label=key("seed"))
         with gr.Row():
-            drafter = tx(gr.Radio, ["model", "hybrid", "prompt-lookup", "early-exit"], value="model", label=key("drafter"),
+            drafter = tx(gr.Radio, list(DRAFTERS), value=DRAFTERS[0], label=key("drafter"),
                          info=key("drafter_info"))
             adaptive = tx(gr.Checkbox, DEFAULTS.adaptive, label=key("adaptive"))
             confidence = tx(gr.Slider, 0, 0.95, value=DEFAULTS.min_confidence, step=0.05, label=key("confidence"),

@@ -410,7 +410,10 @@ def truncated_view(model: nn.Module, layers: int) -> nn.Module:
     return view
 
 
-def make_drafter(pair, name: str = "model", cfg=None):
+DRAFTERS = ("model", "hybrid", "prompt-lookup", "early-exit")  # by name; the first is the default
+
+
+def make_drafter(pair, name: str = DRAFTERS[0], cfg=None):
     """By name: "model" (the pair's draft), "prompt-lookup" (n-grams), "hybrid" (n-grams when text is copied,
     else the draft), "early-exit" (the target's first quarter of layers). When `cfg` asks for token trees, they
     are sized by this device's pass costs (timing.tree_costs: timed once per pair)."""

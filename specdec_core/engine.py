@@ -39,7 +39,7 @@ def encode_request(pair, prompt: str | list[int], cfg: SpecConfig) -> list[int]:
 def speculative_generate(pair, prompt, cfg: SpecConfig, drafter=None, judge=decide) -> Iterator[RoundEvent]:
     """One event per round: draft k tokens, verify them in one target pass, commit a prefix + 1.
     `judge`: the accept/reject rule (verify.decide; the GPU bench swaps in a simulated one)."""
-    drafter = drafter or make_drafter(pair, "model", cfg)
+    drafter = drafter or make_drafter(pair, cfg=cfg)
     return decode(pair, encode_request(pair, prompt, cfg), cfg, drafter, "speculative", judge)
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from .. import SpecConfig, generate, load_pair, make_drafter
+from ..drafters import DRAFTERS
 from ..engine import encode_request
 from ..models import first_divergence
 from ..models.quant import QUANT_MODES
@@ -311,7 +312,7 @@ def options(argv=None) -> argparse.Namespace:
             ap.add_argument(flag, action="store_true", help=help)
         else:
             ap.add_argument(flag, type=kind, default=default, help=f"{help} (default {default})")
-    ap.add_argument("--drafter", default="model", choices=["model", "hybrid", "prompt-lookup", "early-exit"])
+    ap.add_argument("--drafter", default=DRAFTERS[0], choices=DRAFTERS)
     ap.add_argument("--json", default="bench.json")
     ap.add_argument("--png", default=None, help="speedup chart (default: next to the JSON)")
     ap.add_argument("--compare-hf", action="store_true")

@@ -24,6 +24,7 @@ import torch
 from ..messages import Refusal
 from .gguf_model import GGUF, load_dense, load_target
 from .native import locked
+from .quant import file_digest
 from .pair import Pair, Progress, default_cache_dir, make_pair
 
 
@@ -73,7 +74,7 @@ def checked_parts(m: BundledModel) -> list[Path]:
 
 
 def digests(folder: Path) -> dict:
-    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(folder.iterdir()) if f.name != MANIFEST}
+    return {f.name: file_digest(f) for f in sorted(folder.iterdir()) if f.name != MANIFEST}
 
 
 def tokenizer_of(gguf: GGUF, root: Path, sha256: str):

@@ -27,7 +27,7 @@
 #define Q6_RAW 210
 #define Q4_PACKED 2368
 #define Q6_PACKED 3360
-#define ROWS 6 /* rows per tile: each weight is read once for up to ROWS rows */
+#define ROWS 9
 #define AHEAD 2048 /* bytes of weights prefetched ahead: hardware prefetching alone leaves the loads waiting */
 
 /* ---- the file's blocks -> plain values ---- */
@@ -141,6 +141,40 @@ typedef struct {
     int32_t* p32;   /* [M][nb][4]: the same over sub-blocks of 32 */
 } Rows;
 
+/* a block's 16 sums of sub-blocks of 16 as the two packed forms the products read */
+static void put_sums(const int* sums, int32_t* p16, int32_t* p32) {
+    for (int p = 0; p < 8; p++)
+        p16[p] = (int32_t)((uint32_t)(uint16_t)sums[2 * p] | ((uint32_t)(uint16_t)sums[2 * p + 1] << 16));
+    for (int p = 0; p < 4; p++) {
+        int a = sums[4 * p] + sums[4 * p + 1], c = sums[4 * p + 2] + sums[4 * p + 3];
+        p32[p] = (int32_t)((uint32_t)(uint16_t)a | ((uint32_t)(uint16_t)c << 16));
+    }
+}
+
+#ifdef __AVX512VNNI__
+#include <immintrin.h>
+
+/* the same numbers as the portable loop below: a maximum (any order), then a product and a rounding to nearest
+   even for each value, one at a time, and integer sums */
+static void round_row(const float* x, int K, int8_t* q, float* dx, int32_t* p16, int32_t* p32) {
+    for (int b = 0; b < K / QK; b++) {
+        const float* xb = x + b * QK;
+        __m512 top = _mm512_setzero_ps();
+        for (int k = 0; k < QK; k += 16) top = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xb + k)), top);
+        const float t = _mm512_reduce_max_ps(top), inv = t > 0.f ? 127.f / t : 0.f;
+        int sums[16];
+        for (int s = 0; s < 16; s++) {
+            const __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(xb + 16 * s), _mm512_set1_ps(inv)),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            const __m512i iv = _mm512_cvtps_epi32(v);
+            _mm_storeu_si128((__m128i*)(q + b * QK + 16 * s), _mm512_cvtepi32_epi8(iv));
+            sums[s] = _mm512_reduce_add_epi32(iv);
+        }
+        dx[b] = t / 127.f;
+        put_sums(sums, p16 + b * 8, p32 + b * 4);
+    }
+}
+#else
 static void round_row(const float* x, int K, int8_t* q, float* dx, int32_t* p16, int32_t* p32) {
     for (int b = 0; b < K / QK; b++) {
         const float* xb = x + b * QK;
@@ -158,23 +192,24 @@ static void round_row(const float* x, int K, int8_t* q, float* dx, int32_t* p16,
             sums[s] = sum;
         }
         dx[b] = top / 127.f;
-        for (int p = 0; p < 8; p++)
-            p16[b * 8 + p] = (int32_t)((uint32_t)(uint16_t)sums[2 * p] | ((uint32_t)(uint16_t)sums[2 * p + 1] << 16));
-        for (int p = 0; p < 4; p++) {
-            int a = sums[4 * p] + sums[4 * p + 1], c = sums[4 * p + 2] + sums[4 * p + 3];
-            p32[b * 4 + p] = (int32_t)((uint32_t)(uint16_t)a | ((uint32_t)(uint16_t)c << 16));
-        }
+        put_sums(sums, p16 + b * 8, p32 + b * 4);
     }
 }
+#endif
 
 #ifdef __AVX512VNNI__
-#include <immintrin.h>
 #define INLINE static inline __attribute__((always_inline))
 
 /* acc += w (16 x 4 unsigned bytes) times the 4 signed bytes at p, broadcast by the instruction itself (m32bcst):
    compilers load a broadcast into a register first, one more instruction for every product of a pass's rows */
 INLINE __m512i dpb(__m512i acc, __m512i w, const int32_t* p) {
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*p));
+    return acc;
+}
+
+/* acc += w (16 x 2 int16) times the 2 int16 at p, broadcast by the instruction */
+INLINE __m512i dpw(__m512i acc, __m512i w, const int32_t* p) {
+    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*p));
     return acc;
 }
 
@@ -207,11 +242,12 @@ INLINE void q4_tile(const uint8_t* w, int nb, const Rows* x, int K, int m0, cons
         }
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)w));
         const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(w + 32)));
+        __m512i mins[4];
+        for (int p = 0; p < 4; p++) mins[p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(w + 192 + p * 32)));
         for (int r = 0; r < rows; r++) {  /* the mins' term: sum_j m_j * xsum_j, two sub-blocks an instruction */
             __m512i msum = _mm512_setzero_si512();
             for (int p = 0; p < 4; p++)
-                msum = _mm512_dpwssd_epi32(msum, _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(w + 192 + p * 32))),
-                                           _mm512_set1_epi32(x->p32[((size_t)(m0 + r) * nb + b) * 4 + p]));
+                msum = dpw(msum, mins[p], x->p32 + ((size_t)(m0 + r) * nb + b) * 4 + p);
             const __m512 v = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(isum[r])),
                                            _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(msum)));
             acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(v, _mm512_set1_ps(x->dx[(size_t)(m0 + r) * nb + b])));
@@ -255,11 +291,12 @@ INLINE void q6_tile(const uint8_t* w, int nb, const Rows* x, int K, int m0, cons
             }
         }
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)w));
+        __m512i scales[8];
+        for (int p = 0; p < 8; p++) scales[p] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(w + 32 + p * 32)));
         for (int r = 0; r < rows; r++) {  /* the offset's term: 32 sum_j sc_j * xsum_j, two sub-blocks an instruction */
             __m512i csum = _mm512_setzero_si512();
             for (int p = 0; p < 8; p++)
-                csum = _mm512_dpwssd_epi32(csum, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(w + 32 + p * 32))),
-                                           _mm512_set1_epi32(x->p16[((size_t)(m0 + r) * nb + b) * 8 + p]));
+                csum = dpw(csum, scales[p], x->p16 + ((size_t)(m0 + r) * nb + b) * 8 + p);
             const __m512i total = _mm512_sub_epi32(isum[r], _mm512_slli_epi32(csum, 5));
             const __m512 v = _mm512_mul_ps(d, _mm512_cvtepi32_ps(total));
             acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(v, _mm512_set1_ps(x->dx[(size_t)(m0 + r) * nb + b])));
@@ -267,14 +304,14 @@ INLINE void q6_tile(const uint8_t* w, int nb, const Rows* x, int K, int m0, cons
     }
 }
 
-#define TILE(fn) \
-    switch (rows) { case 1: fn(w, nb, x, K, m0, 1, acc); break; case 2: fn(w, nb, x, K, m0, 2, acc); break; \
-                    case 3: fn(w, nb, x, K, m0, 3, acc); break; case 4: fn(w, nb, x, K, m0, 4, acc); break; \
-                    case 5: fn(w, nb, x, K, m0, 5, acc); break; default: fn(w, nb, x, K, m0, ROWS, acc); }
+#define CASE(fn, n) case n: fn(w, nb, x, K, m0, n, acc); break;
+#define TILE(fn) switch (rows) { CASE(fn, 1) CASE(fn, 2) CASE(fn, 3) CASE(fn, 4) CASE(fn, 5) CASE(fn, 6) CASE(fn, 7) \
+                                 CASE(fn, 8) default: fn(w, nb, x, K, m0, ROWS, acc); }
 
 static void group(const uint8_t* w, int nb, const Rows* x, int K, int M, int kind, const float* bias, float* y, int N, int g) {
-    for (int m0 = 0; m0 < M; m0 += ROWS) {
-        const int rows = M - m0 < ROWS ? M - m0 : ROWS;
+    const int tiles = (M + ROWS - 1) / ROWS;  /* as even as they can be: each tile unpacks the weights once */
+    for (int t = 0, m0 = 0; t < tiles; t++) {
+        const int rows = M / tiles + (t < M % tiles);
         __m512 acc[ROWS];
         if (kind == 4) { TILE(q4_tile) } else { TILE(q6_tile) }
         for (int r = 0; r < rows; r++) {
@@ -282,6 +319,7 @@ static void group(const uint8_t* w, int nb, const Rows* x, int K, int M, int kin
             if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + g * 16));
             _mm512_storeu_ps(y + (size_t)(m0 + r) * N + g * 16, v);
         }
+        m0 += rows;
     }
 }
 

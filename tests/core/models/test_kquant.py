@@ -143,7 +143,7 @@ def test_the_portable_build_gives_the_same_bits(tmp_path, monkeypatch):
 MUTANTS = {  # a planted bug: (kind it breaks, old text, new text), each in one build
     "a wrong sub-block scale (Q4_K)": (4, "const __m512i sc = h ? _mm512_srli_epi32(scs, 16) : _mm512_and_si512(scs, half);",
                                        "const __m512i sc = _mm512_and_si512(scs, half);"),
-    "a wrong min (Q4_K)": (4, "x->p32[((size_t)(m0 + r) * nb + b) * 4 + p]", "x->p32[((size_t)(m0 + r) * nb + b) * 4]"),
+    "a wrong min (Q4_K)": (4, "x->p32 + ((size_t)(m0 + r) * nb + b) * 4 + p", "x->p32 + ((size_t)(m0 + r) * nb + b) * 4"),
     "a dropped block (Q6_K)": (6, "for (int b = 0; b < nb; b++, w += Q6_PACKED)", "for (int b = 0; b < nb - 1; b++, w += Q6_PACKED)"),
     "nibble order swapped (Q4_K)": (4, "dot[r] = dpb(dot[r], lo, xr);\n                        dot[r] = dpb(dot[r], hi, xr + 1);",
                                     "dot[r] = dpb(dot[r], hi, xr);\n                        dot[r] = dpb(dot[r], lo, xr + 1);"),
@@ -151,6 +151,8 @@ MUTANTS = {  # a planted bug: (kind it breaks, old text, new text), each in one 
     "Q6_K's high bits one place off": (6, "_mm512_slli_epi16(qb, 2)", "_mm512_slli_epi16(qb, 3)"),
     "Q6_K's offset of 32 forgotten": (6, "_mm512_slli_epi32(csum, 5)", "_mm512_slli_epi32(csum, 4)"),
     "a tile's rows all read its first (Q4_K)": (4, "x->q + (size_t)(m0 + r) * K + b * QK + 8 * c", "x->q + (size_t)m0 * K + b * QK + 8 * c"),
+    "activations rounded toward zero": (4, "_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC", "_MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC"),
+    "a row left out of uneven tiles": (6, "M / tiles + (t < M % tiles)", "M / tiles"),
     "a packed scale from the wrong output": (4, "dst[64 + p * 32 + o * 2] = sc[2 * p]", "dst[64 + p * 32 + (o ^ 1) * 2] = sc[2 * p]"),
 }
 

@@ -13,6 +13,8 @@ from .kquant import library as kquant_library
 from .pair import Pair, Progress, check_tokenizers, make_pair, pick_device, pick_dtype
 from .step import DecodeStep
 
+TARGET_QUANTS = ("auto", "off", "int8", "blocks")  # how the target may compute (load_pair's target_quant)
+
 
 def load_pair(target: str = "bundled", draft: str | None = None, device: str = "auto", dtype: str = "auto",
               progress: Progress | None = None, cache_dir: str | os.PathLike | None = None,
@@ -25,10 +27,11 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     draft's speed and guesses, never the output.
     target_quant: how the target computes on CPUs, exact in "auto", "int8" and "blocks": a position's logits are the
     same, bit for bit, in a one-token step and in any verification pass, so greedy speculative output is plain
-    decoding's on every prompt. "auto": "int8" on CPUs, but for the tiny test pair. "int8" or "int8:KERNEL"
+    decoding's on every prompt. "auto" on CPUs: "blocks" for the bundled target where the CPU has AVX-512 VNNI,
+    else "int8"; the tiny test pair runs as built. "int8" or "int8:KERNEL"
     (quant.TokenInt8Linear: vnni, onednn or fbgemm): int8 weights made from the target's values (for the bundled pair,
-    once, kept in the cache). "blocks": the bundled target on its GGUF's own Q4_K/Q6_K blocks (kquant.py): faster to
-    start and in a step, slower in a verification pass today. "off": the values as loaded, in `dtype` (bfloat16 on
+    once, kept in the cache). "blocks": the bundled target on its GGUF's own Q4_K/Q6_K blocks (kquant.py): nothing to convert
+    at start, and fewer bytes read a step. "off": the values as loaded, in `dtype` (bfloat16 on
     most CPUs: near-ties can part the two outputs).
     graphs: on CUDA, decoding steps compiled with CUDA graphs ("inductor"; also "cudagraphs", "off") over
     static caches of `max_len` positions (cache.CompiledForward); the context is capped to fit them.
@@ -50,14 +53,14 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
         quantise_target,
     )
     quant, _, kernel = target_quant.partition(":")
-    if quant not in ("auto", "off", "int8", "blocks") or kernel and (quant != "int8" or kernel not in INT8_KERNELS):
+    if quant not in TARGET_QUANTS or kernel and (quant != "int8" or kernel not in INT8_KERNELS):
         raise ValueError(f"target_quant must be auto, off, blocks, int8 or int8:KERNEL ({', '.join(INT8_KERNELS)}), "
                          f"got {target_quant!r}")
     if quant == "blocks" and target != "bundled":
         raise ValueError("target_quant='blocks' runs the bundled target on its GGUF's own blocks; other pairs have none")
     as_built = target == "tiny"  # the tiny test pair runs as built: tests compare it with models built the same way
     if quant == "auto":
-        quant = target_quant = "int8" if dev.type == "cpu" and not as_built else "off"
+        quant = target_quant = auto_target_quant(target, dev)
     if quant == "blocks" and dev.type != "cpu":
         raise ValueError("target_quant='blocks' runs on CPUs only.")
     if quant == "blocks" and kquant_library()[0] is None:
@@ -123,6 +126,15 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
     if backend != "off":
         enable_graphs(pair, backend, max_len, progress)
     return pair
+
+
+def auto_target_quant(target: str, device: torch.device) -> str:
+    """How a target computes by default: on CPUs exact, the bundled one on its GGUF's blocks where their AVX-512 VNNI
+    product runs (elsewhere the portable build would be slower than int8's products), others int8; the tiny test pair
+    and GPUs as loaded."""
+    if device.type != "cpu" or target == "tiny":
+        return "off"
+    return "blocks" if target == "bundled" and kquant_library()[1] == "avx512-vnni" else "int8"
 
 
 def own_memory(model: torch.nn.Module) -> None:

@@ -37,6 +37,9 @@ def test_the_default_target_gives_a_position_the_same_logits_in_a_step_and_in_an
     same positions in one chain pass, and a tree's branch against its tokens fed alone: equal bit for bit."""
     from .test_quant import logits_alone_and_in_a_pass
 
+    from specdec_core.models import kquant
+
+    assert bundled_pair.info["target_quant"] == ("blocks" if kquant.library()[1] == "avx512-vnni" else "int8")
     assert bundled_pair.target.config._attn_implementation == "specdec_rows"
     alone, chain, branch, branch_alone = logits_alone_and_in_a_pass(bundled_pair.target, bundled_pair.vocab, context)
     assert torch.equal(alone, chain) and torch.equal(branch, branch_alone)

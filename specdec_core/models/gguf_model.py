@@ -18,7 +18,7 @@ from torch import nn
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 from transformers.initialization import no_init_weights
 
-from .kquant import GGML_TYPES, KQuantEmbedding, KQuantLinear, dequantise_rows, quantise
+from .kquant import GGML_TYPES, KQuantLinear, as_bytes, dequantise_rows, quantise
 
 HF_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
@@ -175,6 +175,29 @@ def dequantise(raw: torch.Tensor, kind: int, n: int, k: int) -> torch.Tensor:
     return (d * q.float()).reshape(n, k)
 
 
+class RowsEmbedding(nn.Module):
+    """An embedding kept as its file's bytes, a looked-up row turned into values when it is read: the same values as
+    the whole table's, which in float32 would be 933 MB for the bundled target (bfloat16: 272 MB for its draft),
+    where a step reads one row."""
+
+    def __init__(self, raw: torch.Tensor, kind: int, num: int, dim: int, dtype: torch.dtype):
+        super().__init__()
+        self.raw = as_bytes(raw).clone().reshape(num, -1)  # not a view of a mapped file
+        self.kind, self.num, self.dim, self.dtype = kind, num, dim, dtype
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """Only its shape, dtype and device are real (what callers read of an embedding's weight)."""
+        return torch.zeros(1, dtype=self.dtype).expand(self.num, self.dim)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        if len(flat) and (int(flat.min()) < 0 or int(flat.max()) >= self.num):
+            raise IndexError(f"token ids outside the embedding's {self.num} rows")
+        rows = dequantise(self.raw[flat].reshape(-1), self.kind, len(flat), self.dim)
+        return rows.to(self.dtype).reshape(*ids.shape, self.dim)
+
+
 def skeleton(config: Qwen2Config) -> Qwen2ForCausalLM:
     """The model with its weights on the meta device (nothing allocated), its rotary buffers real."""
     with no_init_weights(), torch.device("meta"):
@@ -239,12 +262,7 @@ def load_target(path: Path | list[Path] | GGUF) -> Qwen2ForCausalLM:
         raw, kind, n, k = blocks_of(f, name)
         return KQuantLinear(raw, kind, k, n, bias)
 
-    def embedding(name):
-        raw, kind, n, k = f.raw(name)
-        if kind in GGML_TYPES:
-            return KQuantEmbedding(raw, GGML_TYPES[kind], n, k)
-        return nn.Embedding.from_pretrained(dequantise(raw, kind, n, k), freeze=True)
-    return fill(model, f, linear, embedding).float()
+    return fill(model, f, linear, lambda name: RowsEmbedding(*f.raw(name), torch.float32)).float()
 
 
 def load_dense(path: Path | list[Path] | GGUF, dtype: torch.dtype, lazy: bool = False) -> Qwen2ForCausalLM:
@@ -263,8 +281,13 @@ def load_dense(path: Path | list[Path] | GGUF, dtype: torch.dtype, lazy: bool = 
         if bias is not None:
             layer.bias = nn.Parameter(bias.to(dtype), requires_grad=False)
         return layer
-    model = fill(model, f, linear, lambda name: nn.Embedding.from_pretrained(f.dense(name).to(dtype), freeze=True))
+
+    def embedding(name):  # on CPUs (lazy) its rows are read as looked up; elsewhere a table, to move to the device
+        if lazy:
+            return RowsEmbedding(*f.raw(name), dtype)
+        return nn.Embedding.from_pretrained(f.dense(name).to(dtype), freeze=True)
+    model = fill(model, f, linear, embedding)
     for norm in model.modules():  # the norms as the model's dtype, as a checkpoint in that dtype loads them
-        if not isinstance(norm, (nn.Linear, nn.Embedding)) and getattr(norm, "weight", None) is not None:
+        if not isinstance(norm, (nn.Linear, nn.Embedding, RowsEmbedding)) and getattr(norm, "weight", None) is not None:
             norm.weight = nn.Parameter(norm.weight.to(dtype), requires_grad=False)
     return model

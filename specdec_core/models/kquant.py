@@ -121,23 +121,6 @@ def dequantise_rows(raw: torch.Tensor, kind: int, in_features: int, ids: torch.T
     return out
 
 
-class KQuantEmbedding(nn.Module):
-    """An embedding read from its blocks, a looked-up row at a time (a table of 151,936 rows in float32 would be
-    933 MB for the bundled target, and a step reads one row)."""
-
-    def __init__(self, raw, kind: int, num: int, dim: int):
-        super().__init__()
-        self.raw, self.kind, self.num, self.dim = as_bytes(raw).clone(), kind, num, dim  # not a view of a mapped file
-        check_shape(kind, num - num % 16, dim, self.raw[: (num - num % 16) * dim // QK * RAW[kind]])
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return torch.zeros(1).expand(self.num, self.dim)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return dequantise_rows(self.raw, self.kind, self.dim, ids.reshape(-1)).reshape(*ids.shape, self.dim)
-
-
 def quantise(w: torch.Tensor, kind: int) -> torch.Tensor:
     """Float weights [N, K] as Q4_K or Q6_K blocks in the file's layout, uint8 [N, K / 256 * block bytes]: for tests
     and models that come without blocks of their own. A plain choice of scales (each sub-block's range), not the

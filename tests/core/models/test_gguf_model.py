@@ -166,3 +166,36 @@ def test_a_lazy_model_reads_a_linears_values_only_when_no_quantised_weights_were
     ids = torch.tensor([[1, 5, 9, 200]])
     with torch.inference_mode():
         assert torch.equal(first(ids).logits, again(ids).logits)
+
+
+@pytest.mark.parametrize("kind", [T.F32, T.F16, T.Q8_0, T.Q5_0, T.Q4_K, T.Q6_K])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_embedding_read_row_by_row_has_the_whole_tables_values(kind, dtype):
+    """RowsEmbedding keeps the file's bytes and turns only the rows looked up into values: the same values, in the
+    same dtype, as the whole table dequantised (what the embedding held before), for each type a Q4_K_M file holds."""
+    from gguf.quants import quantize
+
+    if kind in (T.Q4_K, T.Q6_K):
+        needs_kernel()
+    torch.manual_seed(0)
+    values = torch.randn(48, 256)
+    if kind in (T.Q4_K, T.Q6_K):  # gguf's quantiser has none for these
+        raw = kquant.quantise(values, kquant.GGML_TYPES[kind]).reshape(-1)
+    else:
+        raw = torch.from_numpy(np.ascontiguousarray(quantize(values.numpy(), kind)).view(np.uint8).reshape(-1))
+    table = gguf_model.dequantise(raw, kind, 48, 256).to(dtype)
+    embedding = gguf_model.RowsEmbedding(raw, kind, 48, 256, dtype)
+    ids = torch.tensor([[47, 0, 5, 5], [13, 2, 46, 1]])
+    assert embedding.weight.shape == (48, 256) and embedding.weight.dtype == dtype
+    assert torch.equal(embedding(ids), table[ids])
+    with pytest.raises(IndexError, match="outside the embedding's 48 rows"):
+        embedding(torch.tensor([48]))
+
+
+def test_a_lazy_models_embedding_is_read_by_rows_with_the_same_values(files):
+    needs_kernel()
+    lazy = gguf_model.load_dense(files[0], torch.bfloat16, lazy=True).get_input_embeddings()
+    table = gguf_model.load_dense(files[0], torch.bfloat16).get_input_embeddings()
+    assert isinstance(lazy, gguf_model.RowsEmbedding) and isinstance(table, torch.nn.Embedding)
+    ids = torch.arange(272)
+    assert torch.equal(lazy(ids), table(ids))

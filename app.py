@@ -6,7 +6,7 @@ import os
 
 from app.limits import VisitorLimits
 from app.pairs import PairManager
-from app.ui import CLICK_JS, CSS, build_app
+from specdec_core.models import TARGET_QUANTS
 
 
 def options(argv=None) -> argparse.Namespace:
@@ -24,7 +24,7 @@ def options(argv=None) -> argparse.Namespace:
     zero_gpu = env("SPACES_ZERO_GPU", "").lower() in ("1", "true")
     ap.add_argument("--graphs", default=env("SPECDEC_GRAPHS", "off" if zero_gpu else "auto"),
                     help="CUDA: compile decoding steps with CUDA graphs (auto = inductor on CUDA; off starts faster)")
-    ap.add_argument("--target-quant", default=env("SPECDEC_TARGET_QUANT", "auto"), choices=["auto", "off", "int8", "blocks"],
+    ap.add_argument("--target-quant", default=env("SPECDEC_TARGET_QUANT", "auto"), choices=TARGET_QUANTS,
                     help="auto: on CPUs an exact target (greedy output always plain decoding's): the bundled one on its "
                          "GGUF's Q4_K/Q6_K blocks, others int8; int8: int8 from its values; off: its values as loaded")
     ap.add_argument("--concurrency", type=int, default=int(env("SPECDEC_CONCURRENCY", "1")),
@@ -50,6 +50,8 @@ def main(argv=None):
         manager.say("status_replay")
     else:
         manager.load_in_background(args.pair)  # the page is up at once and shows loading progress
+    from app.ui import CLICK_JS, CSS, build_app  # gradio's import (seconds) while the pair loads
+
     demo = build_app(manager, limits)
     demo.queue(max_size=args.queue_size, default_concurrency_limit=args.concurrency)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS, js=CLICK_JS, footer_links=["api"])

@@ -194,11 +194,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--graphs", default="inductor", help="comma list of: off, cudagraphs, inductor (eager: tests)")
     ap.add_argument("--attention", default="sdpa,grouped",
                     help="comma list of: sdpa (transformers'), grouped (key/value heads not repeated over the cache)")
-    ap.add_argument("--k", type=int, default=4, help="drafts per round in the simulated runs")
+    ap.add_argument("--k", type=int, default=SpecConfig().k, help="drafts per round in the simulated runs")
     ap.add_argument("--accept", default="0.6,0.8,0.9", help="simulated acceptance rates")
     ap.add_argument("--acceptance-from", default=None, help="a CPU bench JSON: also simulate each prompt's acceptance")
     ap.add_argument("--context", type=int, default=256)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--max-new-tokens", type=int, default=SpecConfig().max_new_tokens)
     ap.add_argument("--peak-tbs", type=float, default=4.8, help="the device's memory bandwidth, TB/s (H200: 4.8)")
     ap.add_argument("--budget-s", type=float, default=420, help="skip the remaining variants after this long")
     ap.add_argument("--json", default=None)

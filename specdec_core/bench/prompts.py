@@ -20,12 +20,14 @@ from pathlib import Path
 
 import torch
 
-from .. import SpecConfig, generate, load_pair, make_drafter
+from .. import SpecConfig, autoregressive_generate, generate, load_pair, make_drafter, speculative_generate
 from ..drafters import DRAFTERS
 from ..engine import encode_request
 from ..models import first_divergence
 from ..models.quant import QUANT_MODES
+from ..events import summarize
 from ..models.step import DecodeStep, Int4Product
+from ..race import interleave
 from ..sampling import warp
 from ..theory import measured_costs, predicted_speedup
 from ..timing import contexts_ms, median_ms, pass_ms, prompt_ms
@@ -90,9 +92,20 @@ def fastest(runs: list, seconds) -> object:
     return min(runs, key=seconds)
 
 
-def run_prompt(pair, item, cfg, drafter_name, compare_hf, hf_k, repeats=1, peer=None) -> dict:
+def raced(pair, ids: list[int], cfg: SpecConfig, drafter_name: str) -> dict:
+    """The app's race (race.interleave, as app/race.py runs it): both decoders take turns on one target, the one behind
+    on its own clock next; each lane's stats, as the page shows them."""
+    streams = {"ar": autoregressive_generate(pair, ids, cfg),
+               "spec": speculative_generate(pair, ids, cfg, make_drafter(pair, drafter_name, cfg))}
+    events = {name: [] for name in streams}
+    for name, event in interleave(streams):
+        events[name].append(event)
+    return {name: summarize(lane) for name, lane in events.items()}
+
+
+def run_prompt(pair, item, cfg, drafter_name, compare_hf, hf_k, repeats=1, peer=None, race=False) -> dict:
     ids = encode_request(pair, item["prompt"], cfg)
-    ars, specs, hfs, peers = [], [], [], []
+    ars, specs, hfs, peers, races = [], [], [], [], []
     for _ in range(repeats):  # interleaved, so that a slow spell of the machine hits every method
         ars.append(generate(pair, ids, cfg, "autoregressive"))
         specs.append(generate(pair, ids, cfg, drafter=make_drafter(pair, drafter_name, cfg)))
@@ -100,6 +113,8 @@ def run_prompt(pair, item, cfg, drafter_name, compare_hf, hf_k, repeats=1, peer=
             hfs.append([hf_assisted(pair, ids, cfg, constant_k) for constant_k in (0, hf_k)])
         if peer is not None:  # as many tokens as ours wrote
             peers.append(peer.generate(ids, cfg, len(ars[-1].token_ids)))
+        if race:
+            races.append(raced(pair, ids, cfg, drafter_name))
     ar, spec = fastest(ars, lambda r: r.stats.seconds), fastest(specs, lambda r: r.stats.seconds)
     entry = {"id": item["id"], "category": item.get("category", ""), "prompt_tokens": len(ids),
              "ar": pick(ar.stats, OWN_KEYS),
@@ -120,6 +135,13 @@ def run_prompt(pair, item, cfg, drafter_name, compare_hf, hf_k, repeats=1, peer=
         entry["hf_runs"] = [{k: r[k] for k in STAT_KEYS + ("schedule",)} for r in runs]
         entry["hf_identical_to_ar"] = best["token_ids"][: len(ar.token_ids)] == ar.token_ids
         entry["speedup_vs_hf"] = spec.stats.tokens_per_s / best["tokens_per_s"]
+    if races:  # the race's figures beside the decoders' run alone
+        best = fastest(races, lambda r: r["ar"].seconds + r["spec"].seconds)
+        entry["race"] = {"ar_tokens": best["ar"].tokens, "spec_tokens": best["spec"].tokens,
+                         "ar_tokens_per_s": best["ar"].tokens_per_s, "spec_tokens_per_s": best["spec"].tokens_per_s,
+                         "speedup": best["spec"].tokens_per_s / best["ar"].tokens_per_s,
+                         "ar_over_alone": best["ar"].tokens_per_s / ar.stats.tokens_per_s,
+                         "spec_over_alone": best["spec"].tokens_per_s / spec.stats.tokens_per_s}
     if peers:  # another engine's numerics: its greedy output is its own, recorded, not expected to match
         best = fastest(peers, lambda r: r["seconds"])
         entry["peer"] = {k: best[k] for k in STAT_KEYS + ("prompt_s", "decode_tokens_per_s")} | {"name": peer.name}
@@ -153,6 +175,9 @@ def summarize_prompts(entries: list[dict]) -> dict:
         out["speedup_vs_peer_median"] = med("speedup_vs_peer")
         out["speedup_vs_peer_min"] = min(e["speedup_vs_peer"] for e in entries)
         out["ar_vs_peer_median"] = med("ar_vs_peer")
+    if all("race" in e for e in entries):
+        for key in ("ar_over_alone", "spec_over_alone", "speedup"):
+            out[f"race_{key}_median"] = statistics.median(e["race"][key] for e in entries)
     return out
 
 
@@ -180,7 +205,10 @@ def table(report: dict) -> str:
                 + (f", vs HF assisted {s['speedup_vs_hf_median']:.2f}x" if "speedup_vs_hf_median" in s else "")
                 + (f"; decoding against {report['peer']}'s plain decoding of as many tokens, prompts apart: "
                    f"{s['speedup_vs_peer_median']:.2f}x median (min {s['speedup_vs_peer_min']:.2f}x), our plain "
-                   f"{s['ar_vs_peer_median']:.2f}x" if "speedup_vs_peer_median" in s else ""))
+                   f"{s['ar_vs_peer_median']:.2f}x" if "speedup_vs_peer_median" in s else "")
+                + (f"; in the app's race, against alone: plain {s['race_ar_over_alone_median']:.2f}, speculative "
+                   f"{s['race_spec_over_alone_median']:.2f}, speedup {s['race_speedup_median']:.2f}x"
+                   if "race_speedup_median" in s else ""))
     return "\n".join(rows)
 
 
@@ -332,6 +360,8 @@ def options(argv=None) -> argparse.Namespace:
     ap.add_argument("--contexts", default="",
                     help="comma list of context lengths: time a step and a pass at each, the contexts in turn, and a prompt of that length")
     ap.add_argument("--draft-table", action="store_true", help="time where a draft step goes, part by part")
+    ap.add_argument("--race", action="store_true", help="also run each prompt as the app's race (both decoders taking "
+                    "turns on one target) and set its figures beside theirs alone")
     ap.add_argument("--draft-step", default="written",
                     help="the draft's decoding step on CPUs: written (models/step.py) or general (transformers' forward); "
                          "a comma list compares them in one run")
@@ -434,10 +464,14 @@ def main(argv=None) -> dict:
     for item in items:
         for variant, pair in pairs.items():
             entries[variant].append(run_prompt(pair, item, cfgs[variant], args.drafter, args.compare_hf, args.hf_k,
-                                               args.repeats, peer))
+                                               args.repeats, peer, args.race))
             e = entries[variant][-1]
+            race = e.get("race")
             print(f"{e['id']} ({variant}): {e['speedup']:.2f}x, {e['spec']['tokens_per_s']:.1f} tok/s, "
-                  f"acceptance {e['spec']['acceptance_rate']:.2f}", flush=True)
+                  f"acceptance {e['spec']['acceptance_rate']:.2f}" + (
+                      f"; race {race['spec_tokens_per_s']:.1f} / {race['ar_tokens_per_s']:.1f} tok/s "
+                      f"({race['speedup']:.2f}x) against alone {e['spec']['tokens_per_s']:.1f} / "
+                      f"{e['ar']['tokens_per_s']:.1f}" if race else ""), flush=True)
     reports = {variant: {**describe(pair, cfgs[variant], args, variant), **extra[costs_key(variant)],
                          "peer": peer and f"{peer.name} {peer.version} (plain decoding of the target's GGUF, Q4_K_M)",
                          "load_s": load_s[variant], "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

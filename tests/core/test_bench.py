@@ -32,6 +32,18 @@ def test_bench_writes_json_and_table(tmp_path, capsys):
     assert "median speedup" in capsys.readouterr().out
 
 
+def test_bench_sets_the_apps_race_beside_the_decoders_alone(tmp_path, capsys):
+    report = bench.main(["--pair", "tiny", "--max-new-tokens", "12", "--limit", "2", "--json", str(tmp_path / "r.json"),
+                         "--race"])
+    for e in report["prompts"]:
+        race = e["race"]
+        assert race["ar_tokens"] == e["ar"]["tokens"] == 12 and race["spec_tokens"] == e["spec"]["tokens"]  # both ran out
+        assert race["ar_tokens_per_s"] > 0 and race["spec_tokens_per_s"] > 0
+        assert race["spec_over_alone"] == race["spec_tokens_per_s"] / e["spec"]["tokens_per_s"]
+    assert report["summary"]["race_speedup_median"] > 0
+    assert "in the app's race, against alone" in capsys.readouterr().out
+
+
 @pytest.mark.slow  # four variants, each through every simulated rate and the race
 def test_gpu_bench_runs_on_a_small_shape(tmp_path):
     cpu_run = tmp_path / "cpu.json"  # per-prompt acceptance as the CPU bench writes it

@@ -116,7 +116,8 @@ def build_controls(tx: Texts):
             k = tx(gr.Slider, 1, MAX_K, value=DEFAULTS.k, step=1, label=key("k"), elem_id="k")
             max_new = tx(gr.Slider, 1, MAX_NEW_TOKENS, value=DEFAULTS.max_new_tokens, step=1, label=key("max_new"),
                          elem_id="max-new")
-            temperature = tx(gr.Slider, 0, MAX_TEMPERATURE, value=DEFAULTS.temperature, step=0.05, label=key("temperature"))
+            temperature = tx(gr.Slider, 0, MAX_TEMPERATURE, value=DEFAULTS.temperature, step=0.05, label=key("temperature"),
+                             elem_id="temperature")
     gr.Examples(example_prompts(), inputs=prompt, label="Examples / Exemplos")
     with tx(gr.Accordion, key("more"), open=False):
         with gr.Row():

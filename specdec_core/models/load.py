@@ -7,7 +7,7 @@ import os
 import torch
 
 from ..cache import PADDED_SIZES, CompiledForward
-from ..messages import Refusal
+from ..messages import Note, Refusal
 from .attention import GROUPED, ROWS
 from .kquant import library as kquant_library
 from .pair import Pair, Progress, check_tokenizers, make_pair, pick_device, pick_dtype
@@ -57,19 +57,19 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
         raise ValueError(f"target_quant must be auto, off, blocks, int8 or int8:KERNEL ({', '.join(INT8_KERNELS)}), "
                          f"got {target_quant!r}")
     if quant == "blocks" and target != "bundled":
-        raise ValueError("target_quant='blocks' runs the bundled target on its GGUF's own blocks; other pairs have none")
+        raise Refusal("blocks_bundled_only")
     as_built = target == "tiny"  # the tiny test pair runs as built: tests compare it with models built the same way
     if quant == "auto":
         quant = target_quant = auto_target_quant(target, dev)
     if quant == "blocks" and dev.type != "cpu":
-        raise ValueError("target_quant='blocks' runs on CPUs only.")
+        raise Refusal("cpu_only", value="'blocks'")
     if quant == "blocks" and kquant_library()[0] is None:
-        raise ValueError(f"target_quant='blocks' needs the Q4_K/Q6_K product, which cannot run here: {kquant_library()[1]}")
+        raise Refusal("blocks_no_product", why=kquant_library()[1])
     saved = {}  # role -> (the file of the bundled model's quantised weights, what they are made from)
     if as_built:
         from .tiny import tiny_models
         t, d, tok = tiny_models()
-        progress(1.0, "tiny pair ready")
+        progress(1.0, Note("load_ready"))
         pair = make_pair("tiny", t.to(dev, dt), d.to(dev, dt), tok, dev, dt,
                          {"target": "tiny-target", "draft": "tiny-draft (perturbed copy)"})
         draft_quant = False
@@ -105,7 +105,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
         pair.info["target_weights"] = f"blocks:{kquant_library()[1]}"  # exact: the same logits in a step and in a pass
     if quant == "int8":
         if dev.type != "cpu":
-            raise ValueError("target_quant='int8' runs on CPUs only.")
+            raise Refusal("cpu_only", value="'int8'")
         path, source = saved.get("target", (None, ""))
         quantise_target(pair.target, path, source, kernel=kernel or None)
         pair.info["target_weights"] = "int8"  # exact: the same logits in a step and in a pass
@@ -167,8 +167,7 @@ def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | N
     if attention not in ("sdpa", "grouped"):
         raise ValueError(f"attention must be sdpa or grouped, got {attention!r}")
     if pair.target.config._attn_implementation == ROWS:
-        raise ValueError("Compiled steps would replace the exact int8 target's row-by-row attention, and its output "
-                         "would no longer be exactly plain decoding's: run it with graphs='off'.")
+        raise Refusal("graphs_rows")
 
     # a default round scores up to SpecConfig().k + 1 tokens (padded to 32); a draft step feeds one or two
     for role, model, sizes in (("target", pair.target, PADDED_SIZES), ("draft", pair.draft, PADDED_SIZES[:2])):
@@ -179,7 +178,7 @@ def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | N
         lm = pair.cached(role)
         lm.prefill([0] * 8)
         for n in sizes:
-            progress(0.95, f"compiling decoding steps ({backend}): {n} token(s)")
+            progress(0.95, Note("load_compiling", backend=backend, n=n))
             lm.forward(torch.zeros(n, dtype=torch.long, device=lm.device), keep=1)
             lm.crop(8)
     pair.context_length = min(pair.context_length, max_len - PADDED_SIZES[-1])
@@ -194,16 +193,16 @@ def load_hub_pair(target_id: str, draft_id: str, device: torch.device, dtype: to
         return AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype, device_map=placement,
                                                     use_safetensors=True, trust_remote_code=False)
 
-    progress(0.05, f"loading tokenizers of {target_id} and {draft_id}")
+    progress(0.05, Note("load_tokenizers", target=target_id, draft=draft_id))
     tok = AutoTokenizer.from_pretrained(target_id, trust_remote_code=False)
     draft_tok = AutoTokenizer.from_pretrained(draft_id, trust_remote_code=False)
     check_tokenizers(tok, draft_tok, target_id, draft_id)  # fail before loading gigabytes of weights
-    progress(0.1, f"loading target {target_id}")
+    progress(0.1, Note("load_target", model=target_id))
     # accelerate spreads a target too large for one GPU over all of them; the draft follows its first device
     target = load(target_id, "auto" if device.type == "cuda" else str(device))
     first = target.get_input_embeddings().weight.device
-    progress(0.7, f"loading draft {draft_id}")
+    progress(0.7, Note("load_draft", model=draft_id))
     draft = load(draft_id, str(first))
-    progress(1.0, "ready")
+    progress(1.0, Note("load_ready"))
     return make_pair(f"{target_id} <- {draft_id}", target, draft, tok, first, dtype,
                      {"target": target_id, "draft": draft_id})

@@ -11,11 +11,11 @@ from app import teach
 from app.handlers import lane_pieces, view
 from app.i18n import CORE_PT, TEXT, said, t
 from app.inspector import decision_text
-from app.pairs import Weights
+from app.pairs import PairManager, Weights
 from app.race import run, start_race
 from app.ui import build
 from specdec_core import SpecConfig
-from specdec_core.messages import MESSAGES
+from specdec_core.messages import MESSAGES, NOTES, Note
 
 
 def test_sweep_runs_every_k_at_every_temperature_and_plots_both(tiny):
@@ -75,16 +75,25 @@ def literal_messages(path: Path) -> list[str]:
 
 
 def test_every_refusal_a_visitor_can_read_is_said_in_both_languages():
-    assert set(CORE_PT) == set(MESSAGES)  # every refusal of the core has its Portuguese here
+    assert set(CORE_PT) == set(MESSAGES) | set(NOTES)  # every refusal and note of the core has its Portuguese here
     root = Path(__file__).resolve().parents[2]
     reachable = [*(root / "app").glob("*.py"), *(root / "specdec_core" / name for name in (
-        "config.py", "engine.py", "text.py", "drafters.py"))]  # the app, and what the app hands a visitor's input to
+        "config.py", "engine.py", "text.py", "drafters.py", "models/bundled.py"))]  # the app, and what visitors reach
     assert [where for path in reachable for where in literal_messages(path)] == []
     assert len(literal_messages(root / "specdec_core" / "models" / "load.py")) > 1  # the scan finds them (loader options)
     with pytest.raises(ValueError) as refused:
         SpecConfig(k=99)
     assert "entre 1 e 16" in said(refused.value, "pt") and "between 1 and 16" in str(refused.value)
     assert Weights("int8", True).text("pt") == "int8, exato: os mesmos logits num passo e numa passada, pré-empacotado"
+
+
+def test_a_loads_progress_and_its_refusals_are_said_in_the_pages_language():
+    manager = PairManager("cpu", "float32", target_quant="blocks")
+    manager.load("tiny")  # the blocks are the bundled target's: refused, by key
+    assert "outros pares não os têm" in manager.status_text("pt") and "other pairs have none" in manager.status
+    manager._progress(0.3, Note("load_reading", model="Qwen"))
+    assert manager.status_text("pt") == "Carregando: lendo Qwen (30%)"
+    assert manager.status == "Loading: reading Qwen (30%)"
 
 
 def test_results_follow_the_language(tiny):

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from specdec_core import SpecConfig, generate, load_pair
+from specdec_core.messages import Refusal
 from specdec_core.models import bundled
 from specdec_core.models.tiny import tiny_models
 
@@ -56,8 +57,9 @@ def test_the_parts_are_checked_against_the_pinned_sha256_before_they_are_read(tm
     model = bundled.BundledModel("test", "test", "none", 2, good, 154)
     assert bundled.checked_parts(model) == parts
     parts[1].write_bytes(b"z" * 50)  # one byte of a part changed: same size
-    with pytest.raises(RuntimeError, match="Checksum mismatch for test"):
+    with pytest.raises(Refusal, match="Checksum mismatch for test") as refused:
         bundled.checked_parts(model)
+    assert refused.value.key == "bundled_damaged"  # said in the visitor's language by the app
 
 
 def test_converted_copies_of_earlier_versions_are_removed_and_nothing_else(tmp_path):

@@ -180,37 +180,45 @@ class ModelDrafter:
         Where a level feeds the chain's node alone, its forward carries up to cfg.guess guesses of the nodes below
         it (`feed`).
         """
-        dev = self.lm.device
         if not k:
-            return Draft(torch.empty(0, dtype=torch.long, device=dev), None)
-        start, limit = len(ids), cfg.tree_nodes or k
+            return Draft(torch.empty(0, dtype=torch.long, device=self.lm.device), None)
         width = min(self.width, self.lm.vocab) if cfg.tree_nodes else 1
-        on_device = self.cut_on_device and width == 1  # a GPU chain: drafts all k, its cut becomes the draft's size
-        guess = 0 if on_device else cfg.guess  # a chain cut on the device reads no tokens to compare guesses with
-        path = list(ids)  # the committed tokens and the chain's so far
-        logits, pending = self.feed(ids[self.lm.length:], 1, ids, path, min(guess, min(k, limit) - 1))
-        g, frontier, forwards, chosen = Grown(), [-1], 1, []
+        if self.cut_on_device and width == 1:
+            return self.device_chain(ids, k, cfg, generator)
+        return self.grow(ids, k, width, cfg, generator)
+
+    def draw(self, g: Grown, logits: torch.Tensor, width: int, cfg, generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """The children of the rows `logits` (theirs: `children`), their distributions kept in `g`."""
+        q, bad = warp(logits, cfg.temperature, cfg.top_k, cfg.top_p)
+        g.qs += q.unbind(0)
+        g.raw += logits.unbind(0)
+        g.failed.append(bad)
+        return children(q, logits, width, cfg, generator)
+
+    def device_chain(self, ids, k, cfg, generator) -> Draft:
+        """A GPU's chain: all k drafted without a read, its cut becoming the draft's size (device_cut)."""
+        logits, _ = self.feed(ids[self.lm.length:], 1, ids, list(ids), 0)
+        g, chosen = Grown(), []
         for depth in range(k):
-            q, bad = warp(logits, cfg.temperature, cfg.top_k, cfg.top_p)
-            top, picks = children(q, logits, width, cfg, generator)
-            g.qs += q.unbind(0)
-            g.raw += logits.unbind(0)
-            g.failed.append(bad)
-            if on_device:
-                chosen.append((top[0, 0], picks[0]))
-                if depth + 1 < k:
-                    logits = self.lm.forward(picks[0], keep=1)
-                continue
-            level = g.add_level(frontier, top, picks)
-            nodes = g.nodes
-            chain_node = next(i for i in level if nodes[i].chain)
-            if depth + 1 >= min(k, limit) or nodes[chain_node].rank < cfg.min_confidence:
+            top, picks = self.draw(g, logits, 1, cfg, generator)
+            chosen.append((top[0, 0], picks[0]))
+            if depth + 1 < k:
+                logits = self.lm.forward(picks[0], keep=1)
+        return self.device_cut(chosen, g, cfg)
+
+    def grow(self, ids, k, width, cfg, generator) -> Draft:
+        """A chain (with its guesses; width 1) or a tree, a level a forward, each level read on the host."""
+        start, limit = len(ids), cfg.tree_nodes or k
+        path = list(ids)  # the committed tokens and the chain's so far
+        logits, pending = self.feed(ids[self.lm.length:], 1, ids, path, min(cfg.guess, min(k, limit) - 1))
+        g, frontier, forwards = Grown(), [-1], 1
+        for depth in range(k):
+            level = g.add_level(frontier, *self.draw(g, logits, width, cfg, generator))
+            chain_node = next(i for i in level if g.nodes[i].chain)
+            if depth + 1 >= min(k, limit) or g.nodes[chain_node].rank < cfg.min_confidence:
                 break
-            # other branches grow while the draft believes in them as much as a chain must to go on
-            others = sorted((i for i in level if i != chain_node and nodes[i].rank >= cfg.min_confidence),
-                            key=lambda i: (-nodes[i].rank, i))[: self.expand - 1]
-            frontier = sorted([chain_node, *others])  # parents before children, as TreeInput wants
-            path.append(nodes[chain_node].token)
+            frontier = self.next_frontier(g, level, chain_node, cfg)
+            path.append(g.nodes[chain_node].token)
             if pending and frontier == [chain_node] and pending[0][0] == path[-1]:  # guessed: already fed
                 logits = pending.pop(0)[1][None]
                 g.fed.append(chain_node)
@@ -218,17 +226,23 @@ class ModelDrafter:
                 continue
             self.lm.crop(start + len(g.fed))  # the guesses that were wrong
             index = {node: j for j, node in enumerate(g.fed)}
-            parents = [index.get(nodes[n].parent, -1) for n in g.fed + frontier]
+            parents = [index.get(g.nodes[n].parent, -1) for n in g.fed + frontier]
             tree = None if parents == chain(len(parents)) else TreeInput(parents, fed=len(g.fed))
-            more = min(guess, min(k, limit) - depth - 2) if tree is None else 0
-            logits, pending = self.feed([nodes[i].token for i in frontier], len(frontier), ids, path, more, tree)
+            more = min(cfg.guess, min(k, limit) - depth - 2) if tree is None else 0
+            logits, pending = self.feed([g.nodes[i].token for i in frontier], len(frontier), ids, path, more, tree)
             g.fed += frontier
             forwards += 1
-        if on_device:
-            return self.device_cut(chosen, g, cfg)
         draft = self.select(g, start, limit, cfg)
         self.forwards = draft.steps = forwards
         return draft
+
+    def next_frontier(self, g: Grown, level: list[int], chain_node: int, cfg) -> list[int]:
+        """The nodes fed next: the chain's, and the `expand` - 1 best others of the level whose rank is still at
+        least cfg.min_confidence (they grow while the draft believes in them as much as a chain must to go on)."""
+        nodes = g.nodes
+        others = sorted((i for i in level if i != chain_node and nodes[i].rank >= cfg.min_confidence),
+                        key=lambda i: (-nodes[i].rank, i))[: self.expand - 1]
+        return sorted([chain_node, *others])  # parents before children, as TreeInput wants
 
     def feed(self, tokens: list[int], rows: int, ids: list[int], path: list[int], most: int,
              tree: TreeInput | None = None) -> tuple[torch.Tensor, list[tuple[int, torch.Tensor]]]:

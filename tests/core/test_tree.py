@@ -290,7 +290,7 @@ def test_trees_sized_by_looking_ahead_are_detected(monkeypatch):
     the draft forwards of the round itself, on the timings as they are. The test above must catch it."""
     monkeypatch.setattr(PassCosts, "hull", property(lambda costs: sorted(costs.sizes.items())))
     own = "    self.forwards = forwards  # this round's own\n    draft = self.select("
-    mutate(monkeypatch, ModelDrafter, "propose", ("    draft = self.select(", own))
+    mutate(monkeypatch, ModelDrafter, "grow", ("    draft = self.select(", own))
     mutate(monkeypatch, theory, "tree_size", ("    fixed, tokens", "    return max(range(len(ranked) + 1), key=lambda n: "
                                                  "(1 + sum(ranked[:n])) / (forwards * costs.draft + costs.verify(n + 1)))\n"
                                                  "    fixed, tokens"))

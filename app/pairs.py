@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from specdec_core import load_pair
+from specdec_core.models import LoadOptions
 from specdec_core.messages import Note, Refusal, cut
 from specdec_core.theory import expected_speedup
 from specdec_core.timing import probe_costs
@@ -96,7 +97,9 @@ class PairManager:
     def __init__(self, device: str = "auto", dtype: str = "auto", allow_custom: bool = True,
                  allowlist: frozenset[str] = frozenset(), graphs: str = "auto", probe: bool = True,
                  target_quant: str = "auto", allow_local: bool = False):
-        self.device, self.dtype, self.graphs, self.probe, self.target_quant = device, dtype, graphs, probe, target_quant
+        # checked now: an operator's wrong option fails at start, not at a visitor's first load
+        self.options = LoadOptions(device=device, dtype=dtype, graphs=graphs, target_quant=target_quant)
+        self.probe = probe
         self.allow_custom, self.allowlist, self.allow_local = allow_custom, allowlist, allow_local
         self.pair = None
         self.spec = None
@@ -150,8 +153,7 @@ class PairManager:
                     self.say("status_checking", model=model_id)
                     check_model_id(model_id, MEMORY_BUDGET_GB * 1e9, local)
             t0 = time.perf_counter()
-            pair = load_pair(target, draft, device=self.device, dtype=self.dtype, progress=self._progress,
-                             graphs=self.graphs, target_quant=self.target_quant)
+            pair = load_pair(target, draft, self.options, progress=self._progress)
             seconds = time.perf_counter() - t0
             verdict = self.gpu_verdict(pair) if self.probe and pair.device.type == "cuda" else []
             self.pair, self.spec = pair, spec

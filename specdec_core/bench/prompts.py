@@ -23,7 +23,7 @@ import torch
 from .. import SpecConfig, autoregressive_generate, generate, load_pair, make_drafter, speculative_generate
 from ..drafters import DRAFTERS
 from ..engine import encode_request
-from ..models import first_divergence
+from ..models import LoadOptions, first_divergence
 from ..models.quant import QUANT_MODES
 from ..events import summarize
 from ..models.step import DecodeStep, Int4Product
@@ -386,8 +386,9 @@ def load_variants(args, cfg: SpecConfig, prompt: str) -> tuple[dict, dict, dict]
     pairs, cfgs, load_s = {}, {}, {}
     for quant in args.target_quant.split(","):
         t0 = time.perf_counter()
-        pair = load_pair(target, draft or None, device=args.device, dtype=args.dtype, target_quant=quant,
-                         draft_quant=False if args.draft_quant == "off" else "auto", quant_mode=args.draft_quant)
+        pair = load_pair(target, draft or None, LoadOptions(
+            device=args.device, dtype=args.dtype, target_quant=quant, draft_quant=False if args.draft_quant == "off" else "auto",
+            quant_mode="int4" if args.draft_quant == "off" else args.draft_quant))
         quant, loaded = pair.info["target_quant"], pair  # "auto" resolved
         for nodes, written, guess in itertools.product(trees, steps, guesses):
             variant = ", ".join([quant] + [f"tree of {nodes}" if nodes else "chain"] * (len(trees) > 1)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -16,83 +17,75 @@ from .step import DecodeStep
 TARGET_QUANTS = ("auto", "off", "int8", "blocks")  # how the target may compute (load_pair's target_quant)
 
 
-def load_pair(target: str = "bundled", draft: str | None = None, device: str = "auto", dtype: str = "auto",
-              progress: Progress | None = None, cache_dir: str | os.PathLike | None = None,
-              draft_quant: bool | str = "auto", quant_mode: str = "int4",
-              target_quant: str = "auto", graphs: str = "auto", max_len: int = 4096) -> Pair:
-    """"bundled" (offline default), "tiny" (random, for tests), or a target and draft hub id / local dir.
+@dataclass(frozen=True)
+class LoadOptions:
+    """How load_pair loads a pair, checked when made, as SpecConfig is for generation ("auto": docs/benchmarks.md has
+    the measurements).
 
-    "auto" (docs/benchmarks.md has the measurements):
-    draft_quant: a quantised draft on CPUs (quant_mode: see quant.cheapen_draft). It changes the
-    draft's speed and guesses, never the output.
     target_quant: how the target computes on CPUs, exact in "auto", "int8" and "blocks": a position's logits are the
     same, bit for bit, in a one-token step and in any verification pass, so greedy speculative output is plain
-    decoding's on every prompt. "auto" on CPUs: "blocks" for the bundled target where the CPU has AVX-512 VNNI,
-    else "int8"; the tiny test pair runs as built. "int8" or "int8:KERNEL"
+    decoding's on every prompt. "auto" on CPUs: "blocks" for the bundled target where the CPU has AVX-512 VNNI, else
+    "int8" (auto_target_quant); the tiny test pair runs as built. "blocks": the bundled target on its GGUF's own
+    Q4_K/Q6_K blocks (kquant.py): nothing to convert at start, and fewer bytes read a step. "int8" or "int8:KERNEL"
     (quant.TokenInt8Linear: vnni, onednn or fbgemm): int8 weights made from the target's values (for the bundled pair,
-    once, kept in the cache). "blocks": the bundled target on its GGUF's own Q4_K/Q6_K blocks (kquant.py): nothing to convert
-    at start, and fewer bytes read a step. "off": the values as loaded, in `dtype` (bfloat16 on
-    most CPUs: near-ties can part the two outputs).
-    graphs: on CUDA, decoding steps compiled with CUDA graphs ("inductor"; also "cudagraphs", "off") over
-    static caches of `max_len` positions (cache.CompiledForward); the context is capped to fit them.
-    """
+    once, kept in the cache). "off": the values as loaded, in `dtype` (bfloat16 on most CPUs: near-ties can part the
+    two outputs).
+    draft_quant: a quantised draft on CPUs (quant_mode: see quant.cheapen_draft). It changes the draft's speed and
+    guesses, never the output.
+    graphs: on CUDA, decoding steps compiled with CUDA graphs ("inductor"; also "cudagraphs", "off") over static caches
+    of `max_len` positions (cache.CompiledForward); the context is capped to fit them."""
+    device: str = "auto"
+    dtype: str = "auto"
+    target_quant: str = "auto"
+    draft_quant: bool | str = "auto"
+    quant_mode: str = "int4"
+    graphs: str = "auto"
+    max_len: int = 4096
+    cache_dir: str | os.PathLike | None = None
+
+    def __post_init__(self):
+        from .quant import INT8_KERNELS, QUANT_MODES
+
+        if self.graphs not in ("auto", "off", "inductor", "cudagraphs"):
+            raise ValueError(f"graphs must be auto, off, inductor or cudagraphs, got {self.graphs!r}")
+        quant, _, kernel = self.target_quant.partition(":")
+        if quant not in TARGET_QUANTS or kernel and (quant != "int8" or kernel not in INT8_KERNELS):
+            raise ValueError(f"target_quant must be auto, off, blocks, int8 or int8:KERNEL ({', '.join(INT8_KERNELS)}), "
+                             f"got {self.target_quant!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.quant_mode not in QUANT_MODES:
+            raise ValueError(f"draft quantisation must be one of {', '.join(QUANT_MODES)}, got {self.quant_mode!r}")
+
+
+def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOptions | None = None,
+              progress: Progress | None = None, **settings) -> Pair:
+    """"bundled" (offline default), "tiny" (random, for tests), or a target and draft hub id / local dir, loaded as
+    `options` say (or LoadOptions(**settings))."""
+    if options is not None and settings:
+        raise TypeError("load_pair takes options or their settings, not both")
+    o = options or LoadOptions(**settings)
     progress = progress or (lambda f, m: None)
-    dev = pick_device(device)
-    dt = pick_dtype(dtype, dev)
-    backend = ("inductor" if dev.type == "cuda" else "off") if graphs == "auto" else graphs
-    if backend not in ("off", "inductor", "cudagraphs"):
-        raise ValueError(f"graphs must be auto, off, inductor or cudagraphs, got {graphs!r}")
-    from .quant import (
-        INT8_KERNELS,
-        Int4Linear,
-        TokenInt8Linear,
-        can_pack,
-        cheapen_draft,
-        pack_linears,
-        quant_label,
-        quantise_target,
-    )
+    dev = pick_device(o.device)
+    dt = pick_dtype(o.dtype, dev)
+    backend = ("inductor" if dev.type == "cuda" else "off") if o.graphs == "auto" else o.graphs
+    from .quant import TokenInt8Linear, quantise_target
+
+    target_quant = o.target_quant
     quant, _, kernel = target_quant.partition(":")
-    if quant not in TARGET_QUANTS or kernel and (quant != "int8" or kernel not in INT8_KERNELS):
-        raise ValueError(f"target_quant must be auto, off, blocks, int8 or int8:KERNEL ({', '.join(INT8_KERNELS)}), "
-                         f"got {target_quant!r}")
     if quant == "blocks" and target != "bundled":
         raise Refusal("blocks_bundled_only")
     as_built = target == "tiny"  # the tiny test pair runs as built: tests compare it with models built the same way
     if quant == "auto":
         quant = target_quant = auto_target_quant(target, dev)
-    if quant == "blocks" and dev.type != "cpu":
-        raise Refusal("cpu_only", value="'blocks'")
+    if quant in ("blocks", "int8") and dev.type != "cpu":
+        raise Refusal("cpu_only", value=repr(quant))
     if quant == "blocks" and kquant_library()[0] is None:
         raise Refusal("blocks_no_product", why=kquant_library()[1])
-    saved = {}  # role -> (the file of the bundled model's quantised weights, what they are made from)
-    if as_built:
-        from .tiny import tiny_models
-        t, d, tok = tiny_models()
-        progress(1.0, Note("load_ready"))
-        pair = make_pair("tiny", t.to(dev, dt), d.to(dev, dt), tok, dev, dt,
-                         {"target": "tiny-target", "draft": "tiny-draft (perturbed copy)"})
-        draft_quant = False
-    elif target == "bundled":
-        from .bundled import DRAFT, TARGET, load_bundled
-        cheap_draft = draft_quant is True or (draft_quant == "auto" and dev.type == "cpu")
-        pair, root = load_bundled(dev, dt, progress, cache_dir, exact=quant == "blocks",
-                                  lazy=(quant == "int8" and dev.type == "cpu", cheap_draft and dev.type == "cpu"))
-        saved = {"draft": (root / f"{DRAFT.slug}-{quant_mode}.safetensors", DRAFT.sha256),
-                 "target": (root / f"{TARGET.slug}-int8.safetensors", TARGET.sha256)}
-    elif draft is None:
-        raise Refusal("custom_pair_ids")
-    else:
-        pair = load_hub_pair(target, draft, dev, dt, progress)
-
-    cpu_bf16 = dev.type == "cpu" and dt == torch.bfloat16
-    if pair.draft is not None and (draft_quant is True or (draft_quant == "auto" and dev.type == "cpu")):
-        path, source = saved.get("draft", (None, ""))
-        cheapen_draft(pair.draft, mode=quant_mode, saved=path, source=source)
-        pair.info["draft_quant"] = quant_label(pair.draft, quant_mode)
-        int4 = {"vnni" if m.tiles is not None else "torch" for m in pair.draft.modules() if isinstance(m, Int4Linear)}
-        if int4:
-            pair.info["draft_int4"] = "/".join(sorted(int4))
+    cheap_draft = (o.draft_quant is True or (o.draft_quant == "auto" and dev.type == "cpu")) and not as_built
+    pair, saved = read_models(target, draft, o, quant, cheap_draft, dev, dt, progress)
+    if pair.draft is not None and cheap_draft:
+        cheapen(pair, o.quant_mode, *saved.get("draft", (None, "")))
     if pair.draft is not None and dev.type == "cpu" and not as_built:
         # SDPA would repeat the key/value heads over the whole cache every step: a draft step at 1,000 tokens of
         # context would cost nearly twice one at 128 (docs/benchmarks.md); the draft changes only speed
@@ -104,28 +97,64 @@ def load_pair(target: str = "bundled", draft: str | None = None, device: str = "
         pair.target.set_attn_implementation(ROWS)  # each row's attention as a step computes it (attention.py)
         pair.info["target_weights"] = f"blocks:{kquant_library()[1]}"  # exact: the same logits in a step and in a pass
     if quant == "int8":
-        if dev.type != "cpu":
-            raise Refusal("cpu_only", value="'int8'")
         path, source = saved.get("target", (None, ""))
         quantise_target(pair.target, path, source, kernel=kernel or None)
         pair.info["target_weights"] = "int8"  # exact: the same logits in a step and in a pass
         pair.info["target_int8"] = "/".join(sorted({m.kernel for m in pair.target.modules() if isinstance(m, TokenInt8Linear)}))
-    if cpu_bf16 and not as_built:  # every remaining Linear weight prepacked for oneDNN (same numbers, faster)
-        for role in ("target", "draft"):
-            model = getattr(pair, role)
-            if model is not None and can_pack(model):
-                pack_linears(model)
-                pair.info["packed"] = "oneDNN prepacked weights"
-                if role == "target":
-                    pair.info["target_prepacked"] = True
     if dev.type == "cpu":
-        for model in (pair.target, pair.draft):
-            if model is not None:
-                own_memory(model)
-        release_freed_memory()
+        settle_on_cpu(pair, pack=dt == torch.bfloat16 and not as_built)
     if backend != "off":
-        enable_graphs(pair, backend, max_len, progress)
+        enable_graphs(pair, backend, o.max_len, progress)
     return pair
+
+
+def read_models(target: str, draft: str | None, o: LoadOptions, quant: str, cheap_draft: bool, dev: torch.device,
+                dt: torch.dtype, progress: Progress) -> tuple[Pair, dict]:
+    """The pair as read, and for the bundled one where its quantised weights are kept: {role: (file, source)}."""
+    if target == "tiny":
+        from .tiny import tiny_models
+        t, d, tok = tiny_models()
+        progress(1.0, Note("load_ready"))
+        return make_pair("tiny", t.to(dev, dt), d.to(dev, dt), tok, dev, dt,
+                         {"target": "tiny-target", "draft": "tiny-draft (perturbed copy)"}), {}
+    if target == "bundled":
+        from .bundled import DRAFT, TARGET, load_bundled
+        pair, root = load_bundled(dev, dt, progress, o.cache_dir, exact=quant == "blocks",
+                                  lazy=(quant == "int8" and dev.type == "cpu", cheap_draft and dev.type == "cpu"))
+        return pair, {"draft": (root / f"{DRAFT.slug}-{o.quant_mode}.safetensors", DRAFT.sha256),
+                      "target": (root / f"{TARGET.slug}-int8.safetensors", TARGET.sha256)}
+    if draft is None:
+        raise Refusal("custom_pair_ids")
+    return load_hub_pair(target, draft, dev, dt, progress), {}
+
+
+def cheapen(pair: Pair, mode: str, saved, source: str) -> None:
+    """The draft quantised (quant.cheapen_draft), its weights kept in `saved` where there is one."""
+    from .quant import Int4Linear, cheapen_draft, quant_label
+
+    cheapen_draft(pair.draft, mode=mode, saved=saved, source=source)
+    pair.info["draft_quant"] = quant_label(pair.draft, mode)
+    int4 = {"vnni" if m.tiles is not None else "torch" for m in pair.draft.modules() if isinstance(m, Int4Linear)}
+    if int4:
+        pair.info["draft_int4"] = "/".join(sorted(int4))
+
+
+def settle_on_cpu(pair: Pair, pack: bool) -> None:
+    """pack: every remaining bfloat16 Linear weight prepacked for oneDNN (the same numbers, faster); then each model's
+    parameters in memory of its own, and the heap that loading freed given back."""
+    from .quant import can_pack, pack_linears
+
+    for role in ("target", "draft") if pack else ():
+        model = getattr(pair, role)
+        if model is not None and can_pack(model):
+            pack_linears(model)
+            pair.info["packed"] = "oneDNN prepacked weights"
+            if role == "target":
+                pair.info["target_prepacked"] = True
+    for model in (pair.target, pair.draft):
+        if model is not None:
+            own_memory(model)
+    release_freed_memory()
 
 
 def auto_target_quant(target: str, device: torch.device) -> str:

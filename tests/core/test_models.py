@@ -87,6 +87,22 @@ def test_unknown_graphs_mode_is_refused_before_loading():
         load_pair("bundled", graphs="fast")
 
 
+@pytest.mark.parametrize("option, match", [(dict(graphs="fast"), "graphs must be"), (dict(dtype="int3"), "dtype must be"),
+                                           (dict(target_quant="int8:nope"), "target_quant must be"),
+                                           (dict(quant_mode="int2"), "draft quantisation must be")])
+def test_load_options_are_checked_when_made_so_an_app_refuses_them_at_start(option, match):
+    from app.pairs import PairManager
+    from specdec_core.models import LoadOptions
+
+    with pytest.raises(ValueError, match=match):
+        LoadOptions(**option)
+    if set(option) <= {"graphs", "dtype", "target_quant"}:
+        with pytest.raises(ValueError, match=match):
+            PairManager(**option)  # the app's start, before any load
+    with pytest.raises(TypeError, match="not both"):
+        load_pair("tiny", options=LoadOptions(), dtype="float32")
+
+
 def test_a_cpu_draft_reads_its_key_value_heads_as_they_are(model_dirs):
     """transformers' SDPA repeats a draft's key/value heads over the cache every step (its cost grows with the
     context); on CPUs the draft runs grouped attention instead. The draft only changes speed: output stays."""

@@ -158,10 +158,10 @@ class PairManager:
             verdict = self.gpu_verdict(pair) if self.probe and pair.device.type == "cuda" else []
             self.pair, self.spec = pair, spec
             dtype = str(pair.dtype).replace("torch.", "")
-            self.says = [("status_ready", dict(target=pair.info.get("target"), draft=pair.info.get("draft"),
-                                               device=pair.device, weights=Weights(pair.info.get("target_weights", dtype),
-                                                                                   pair.info.get("target_prepacked", False)),
-                                               draft_weights=pair.info.get("draft_quant", dtype), seconds=seconds))]
+            info = pair.info
+            self.says = [("status_ready", dict(target=info.target, draft=info.draft, device=pair.device,
+                                               weights=Weights(info.target_weights or dtype, info.target_prepacked),
+                                               draft_weights=info.draft_quant or dtype, seconds=seconds))]
             self.says += verdict
             self.serving = self.says
         except Exception as err:  # a failed load must leave the app serving the previous pair

@@ -82,7 +82,7 @@ def start_race(pair, prompt: str, cfg: SpecConfig, drafter: str = DRAFTERS[0], p
                 Detokenizer(pair.tokenizer, skip_special_tokens=True))
     lane = Lane("plain", autoregressive_generate(pair, ids, cfg), Detokenizer(pair.tokenizer, skip_special_tokens=True))
     lane.done = not plain
-    meta = {"pair": pair.name, "target": pair.info.get("target"), "draft": pair.info.get("draft"), "drafter": drafter,
+    meta = {"pair": pair.name, "target": pair.info.target, "draft": pair.info.draft, "drafter": drafter,
             "device": str(pair.device), "dtype": str(pair.dtype).replace("torch.", ""), "prompt": prompt}
     order = interleave({one.name: one.stream for one in (lane, spec) if not one.done})
     return Race(lane, spec, cfg, pair.tokenizer, meta=meta, compare=lambda a, b: first_divergence(pair, ids, a, b),

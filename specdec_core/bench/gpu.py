@@ -158,7 +158,7 @@ def local_dir_check(device) -> dict:
     pair = dataclasses.replace(pair, eos_ids=frozenset())
     greedy = SpecConfig(k=4, max_new_tokens=40)
     sampled = generate(pair, "hello", dataclasses.replace(greedy, temperature=1.0))
-    return {"graphs": pair.info.get("graphs", "off"), "dtype": str(pair.dtype),
+    return {"graphs": pair.info.graphs or "off", "dtype": str(pair.dtype),
             "greedy_identical": generate(pair, "hello", greedy).token_ids
             == generate(pair, "hello", greedy, "autoregressive").token_ids,
             "sampled_tokens": len(sampled.token_ids)}

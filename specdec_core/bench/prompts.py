@@ -389,7 +389,7 @@ def load_variants(args, cfg: SpecConfig, prompt: str) -> tuple[dict, dict, dict]
         pair = load_pair(target, draft or None, LoadOptions(
             device=args.device, dtype=args.dtype, target_quant=quant, draft_quant=False if args.draft_quant == "off" else "auto",
             quant_mode="int4" if args.draft_quant == "off" else args.draft_quant))
-        quant, loaded = pair.info["target_quant"], pair  # "auto" resolved
+        quant, loaded = pair.info.target_quant, pair  # "auto" resolved
         for nodes, written, guess in itertools.product(trees, steps, guesses):
             variant = ", ".join([quant] + [f"tree of {nodes}" if nodes else "chain"] * (len(trees) > 1)
                                 + [f"{written} draft step"] * (len(steps) > 1) + [f"guess {guess}"] * (len(guesses) > 1))
@@ -406,11 +406,11 @@ def load_variants(args, cfg: SpecConfig, prompt: str) -> tuple[dict, dict, dict]
 
 def describe(pair, cfg: SpecConfig, args, variant: str) -> dict:
     """What a variant's report says of the models, the machine and the settings it ran."""
-    return {"pair": pair.name, "models": {"target": pair.info.get("target"), "draft": pair.info.get("draft")},
+    return {"pair": pair.name, "models": {"target": pair.info.target, "draft": pair.info.draft},
             "device": str(pair.device), "dtype": str(pair.dtype).replace("torch.", ""),
-            "target_weights": pair.info.get("target_weights"),
-            "cpu_kernels": {k: pair.info[k] for k in ("draft_quant", "draft_int4", "packed", "target_int8")
-                            if k in pair.info},
+            "target_weights": pair.info.target_weights,
+            "cpu_kernels": {k: getattr(pair.info, k) for k in ("draft_quant", "draft_int4", "packed", "target_int8")
+                            if getattr(pair.info, k)},
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", {torch.get_num_threads()} threads",
             "settings": {**dataclasses.asdict(cfg), "drafter": args.drafter, "hf_k": args.hf_k, "repeats": args.repeats,
                          "target_quant": variant.split(",")[0], "prompts": args.prompts},

@@ -25,7 +25,7 @@ from ..messages import Note, Refusal
 from .gguf_model import GGUF, load_dense, load_target
 from .native import locked
 from .quant import file_digest
-from .pair import Pair, Progress, default_cache_dir, make_pair
+from .pair import Pair, PairInfo, Progress, default_cache_dir, make_pair
 
 
 @dataclass(frozen=True)
@@ -139,5 +139,5 @@ def load_bundled(device: torch.device, dtype: torch.dtype, progress: Progress, c
     if device.type != "cpu":
         target, draft = target.to(device), draft.to(device)
     pair = make_pair("bundled", target, draft, tok, device, dtype,
-                     {"target": TARGET.name, "draft": DRAFT.name, "load_s": time.perf_counter() - t0})
+                     PairInfo(TARGET.name, DRAFT.name, time.perf_counter() - t0))
     return pair, root  # where the models' quantised weights are kept

@@ -11,7 +11,7 @@ from ..cache import PADDED_SIZES, CompiledForward
 from ..messages import Note, Refusal
 from .attention import GROUPED, ROWS
 from .kquant import library as kquant_library
-from .pair import Pair, Progress, check_tokenizers, make_pair, pick_device, pick_dtype
+from .pair import Pair, PairInfo, Progress, check_tokenizers, make_pair, pick_device, pick_dtype
 from .step import DecodeStep
 
 TARGET_QUANTS = ("auto", "off", "int8", "blocks")  # how the target may compute (load_pair's target_quant)
@@ -92,15 +92,15 @@ def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOp
         pair.draft.set_attn_implementation(GROUPED)
         if DecodeStep.fits(pair.draft):  # its decoding steps written out (step.py); prompts and trees as above
             pair.steps["draft"] = DecodeStep(pair.draft)
-    pair.info["target_weights"], pair.info["target_quant"] = str(dt).replace("torch.", ""), target_quant
+    pair.info.target_weights, pair.info.target_quant = str(dt).replace("torch.", ""), target_quant
     if quant == "blocks":
         pair.target.set_attn_implementation(ROWS)  # each row's attention as a step computes it (attention.py)
-        pair.info["target_weights"] = f"blocks:{kquant_library()[1]}"  # exact: the same logits in a step and in a pass
+        pair.info.target_weights = f"blocks:{kquant_library()[1]}"  # exact: the same logits in a step and in a pass
     if quant == "int8":
         path, source = saved.get("target", (None, ""))
         quantise_target(pair.target, path, source, kernel=kernel or None)
-        pair.info["target_weights"] = "int8"  # exact: the same logits in a step and in a pass
-        pair.info["target_int8"] = "/".join(sorted({m.kernel for m in pair.target.modules() if isinstance(m, TokenInt8Linear)}))
+        pair.info.target_weights = "int8"  # exact: the same logits in a step and in a pass
+        pair.info.target_int8 = "/".join(sorted({m.kernel for m in pair.target.modules() if isinstance(m, TokenInt8Linear)}))
     if dev.type == "cpu":
         settle_on_cpu(pair, pack=dt == torch.bfloat16 and not as_built)
     if backend != "off":
@@ -116,7 +116,7 @@ def read_models(target: str, draft: str | None, o: LoadOptions, quant: str, chea
         t, d, tok = tiny_models()
         progress(1.0, Note("load_ready"))
         return make_pair("tiny", t.to(dev, dt), d.to(dev, dt), tok, dev, dt,
-                         {"target": "tiny-target", "draft": "tiny-draft (perturbed copy)"}), {}
+                         PairInfo("tiny-target", "tiny-draft (perturbed copy)")), {}
     if target == "bundled":
         from .bundled import DRAFT, TARGET, load_bundled
         pair, root = load_bundled(dev, dt, progress, o.cache_dir, exact=quant == "blocks",
@@ -133,10 +133,10 @@ def cheapen(pair: Pair, mode: str, saved, source: str) -> None:
     from .quant import Int4Linear, cheapen_draft, quant_label
 
     cheapen_draft(pair.draft, mode=mode, saved=saved, source=source)
-    pair.info["draft_quant"] = quant_label(pair.draft, mode)
+    pair.info.draft_quant = quant_label(pair.draft, mode)
     int4 = {"vnni" if m.tiles is not None else "torch" for m in pair.draft.modules() if isinstance(m, Int4Linear)}
     if int4:
-        pair.info["draft_int4"] = "/".join(sorted(int4))
+        pair.info.draft_int4 = "/".join(sorted(int4))
 
 
 def settle_on_cpu(pair: Pair, pack: bool) -> None:
@@ -148,9 +148,9 @@ def settle_on_cpu(pair: Pair, pack: bool) -> None:
         model = getattr(pair, role)
         if model is not None and can_pack(model):
             pack_linears(model)
-            pair.info["packed"] = "oneDNN prepacked weights"
+            pair.info.packed = "oneDNN prepacked weights"
             if role == "target":
-                pair.info["target_prepacked"] = True
+                pair.info.target_prepacked = True
     for model in (pair.target, pair.draft):
         if model is not None:
             own_memory(model)
@@ -211,7 +211,7 @@ def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | N
             lm.forward(torch.zeros(n, dtype=torch.long, device=lm.device), keep=1)
             lm.crop(8)
     pair.context_length = min(pair.context_length, max_len - PADDED_SIZES[-1])
-    pair.info["graphs"] = f"compiled steps ({backend}), static caches of {max_len} positions"
+    pair.info.graphs = f"compiled steps ({backend}), static caches of {max_len} positions"
 
 
 def load_hub_pair(target_id: str, draft_id: str, device: torch.device, dtype: torch.dtype,
@@ -234,4 +234,4 @@ def load_hub_pair(target_id: str, draft_id: str, device: torch.device, dtype: to
     draft = load(draft_id, str(first))
     progress(1.0, Note("load_ready"))
     return make_pair(f"{target_id} <- {draft_id}", target, draft, tok, first, dtype,
-                     {"target": target_id, "draft": draft_id})
+                     PairInfo(target_id, draft_id))

@@ -1,6 +1,7 @@
 """A model pair: a target, a draft sharing its tokenizer, and what belongs to the two models."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,24 @@ Progress = Callable[[float, str], None]  # (fraction done, message)
 
 
 @dataclass
+class PairInfo:
+    """What people are shown of a pair: its models, how each computes, how long it took to load."""
+    target: str = ""  # the models' names
+    draft: str = ""
+    load_s: float | None = None
+    target_params: int = 0
+    draft_params: int = 0
+    target_quant: str = ""  # how the target computes, resolved (load.LoadOptions.target_quant)
+    target_weights: str = ""  # said in the status: a dtype, "int8" or "blocks:<its product's build>"
+    target_int8: str = ""  # the int8 target's product(s)
+    target_prepacked: bool = False
+    draft_quant: str = ""  # "int4", "int8 (mixed)", ...; "" as loaded
+    draft_int4: str = ""  # the int4 draft's product(s)
+    packed: str = ""
+    graphs: str = ""  # compiled steps, on a GPU
+
+
+@dataclass
 class Pair:
     name: str
     target: torch.nn.Module
@@ -27,7 +46,7 @@ class Pair:
     context_length: int
     device: torch.device
     dtype: torch.dtype
-    info: dict = field(default_factory=dict)  # shown to people: model names, parameter counts, kernels, load time
+    info: PairInfo = field(default_factory=PairInfo)
     compiled: dict[str, CompiledForward] = field(default_factory=dict)  # "target" / "draft" -> its compiled forward
     heads: dict[str, SharedHead] = field(default_factory=dict)  # "target" / "draft" -> the chat head's keys and values
     steps: dict[str, Callable] = field(default_factory=dict)  # "draft" -> its written-out decoding step (step.py)
@@ -83,15 +102,14 @@ def check_tokenizers(target_tok, draft_tok, target_name: str, draft_name: str) -
         raise Refusal("tokenizers_differ", draft=repr(draft_name), target=repr(target_name))
 
 
-def make_pair(name, target, draft, tokenizer, device, dtype, info=None) -> Pair:
+def make_pair(name, target, draft, tokenizer, device, dtype, info: PairInfo | None = None) -> Pair:
     rows = [target.get_output_embeddings().weight.shape[0]]
     if draft is not None:
         rows.append(draft.get_output_embeddings().weight.shape[0])
     vocab = min(len(tokenizer), *rows)
     ctx = getattr(target.config, "max_position_embeddings", None) or 4096
-    info = dict(info or {})
-    info["target_params"] = sum(p.numel() for p in target.parameters())
-    info["draft_params"] = sum(p.numel() for p in draft.parameters()) if draft is not None else 0
+    info = dataclasses.replace(info or PairInfo(), target_params=sum(p.numel() for p in target.parameters()),
+                               draft_params=sum(p.numel() for p in draft.parameters()) if draft is not None else 0)
     head = template_head(tokenizer)  # every prompt's chat-template head is computed once per model
     heads = {role: SharedHead(head, model) for role, model in (("target", target), ("draft", draft))
              if model is not None and head}

@@ -40,7 +40,7 @@ def test_the_default_target_gives_a_position_the_same_logits_in_a_step_and_in_an
 
     from specdec_core.models import kquant
 
-    assert bundled_pair.info["target_quant"] == ("blocks" if kquant.library()[1] == "avx512-vnni" else "int8")
+    assert bundled_pair.info.target_quant == ("blocks" if kquant.library()[1] == "avx512-vnni" else "int8")
     assert bundled_pair.target.config._attn_implementation == "specdec_rows"
     alone, chain, branch, branch_alone = logits_alone_and_in_a_pass(bundled_pair.target, bundled_pair.vocab, context)
     assert torch.equal(alone, chain) and torch.equal(branch, branch_alone)

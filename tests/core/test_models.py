@@ -33,7 +33,7 @@ def model_dirs(tmp_path_factory):
 def test_local_directories_load_and_decode_losslessly(model_dirs):
     pair = load_pair(str(model_dirs / "target"), str(model_dirs / "draft"), device="cpu", dtype="float32")
     assert pair.vocab == len(pair.tokenizer) and pair.draft is not None
-    assert pair.info["draft_quant"] == "int8 (mixed)"  # int4 is for bfloat16 only
+    assert pair.info.draft_quant == "int8 (mixed)"  # int4 is for bfloat16 only
     cfg = SpecConfig(k=4, max_new_tokens=24)
     pair = with_eos(pair, [])
     assert generate(pair, "hello", cfg).token_ids == generate(pair, "hello", cfg, "autoregressive").token_ids
@@ -76,7 +76,7 @@ def test_the_same_model_as_draft_and_target(model_dirs):
     # both as loaded: on CPUs they would otherwise be quantised (the draft int4, the target int8), no longer one model
     pair = with_eos(load_pair(str(model_dirs / "target"), str(model_dirs / "target"), device="cpu", dtype="float32",
                               draft_quant=False, target_quant="off"), [])
-    assert "draft_quant" not in pair.info
+    assert pair.info.draft_quant == ""
     out = generate(pair, "hello", SpecConfig(k=4, max_new_tokens=20))
     assert out.stats.acceptance_rate == 1.0
     assert out.token_ids == generate(pair, "hello", SpecConfig(k=4, max_new_tokens=20), "autoregressive").token_ids

@@ -298,7 +298,7 @@ def test_the_int8_targets_product_can_be_picked_by_name():
 
     kernels = lambda pair: {m.kernel for m in pair.target.modules() if isinstance(m, TokenInt8Linear)}
     pair = load_pair("tiny", target_quant="int8:fbgemm")
-    assert kernels(pair) == {"fbgemm"} and pair.info["target_quant"] == "int8:fbgemm"
+    assert kernels(pair) == {"fbgemm"} and pair.info.target_quant == "int8:fbgemm"
     runs_here = int8_vnni.NEEDS <= native.cpu_flags() and shutil.which(os.environ.get("CC", "gcc"))
     assert kernels(load_pair("tiny", target_quant="int8:vnni")) == ({"vnni"} if runs_here else {"fbgemm"})  # or falls back
     for bad in ("int8:fast", "off:vnni", "int4", "blocks:vnni"):

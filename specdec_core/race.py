@@ -20,3 +20,11 @@ def interleave(streams: dict[str, Iterator[RoundEvent]]) -> Iterator[tuple[str, 
             continue
         clocks[name] = event.elapsed_s
         yield name, event
+
+
+def race(streams: dict[str, Iterator[RoundEvent]]) -> dict[str, list[RoundEvent]]:
+    """Each stream's events, the streams run to their ends in the order interleave gives them."""
+    events = {name: [] for name in streams}
+    for name, event in interleave(streams):
+        events[name].append(event)
+    return events

@@ -40,7 +40,7 @@ from .. import SpecConfig, autoregressive_generate, generate, load_pair, specula
 from ..models import enable_graphs, make_pair, pick_device
 from ..models.attention import GROUPED
 from ..models.tiny import tiny_models, tiny_tokenizer
-from ..race import interleave
+from ..race import race
 from ..theory import expected_speedup
 from ..timing import pass_ms, passes_ms
 from ..verify import Decision, accepted_prefix
@@ -94,10 +94,7 @@ def decode_rate(stream) -> tuple[float, list]:
 def race_rates(pair, prompt, cfg, judge) -> dict:
     """The app's race: both decoders take turns on one target, the one behind on its own clock next."""
     streams = {"plain": autoregressive_generate(pair, prompt, cfg), "spec": speculative_generate(pair, prompt, cfg, judge=judge)}
-    events = {name: [] for name in streams}
-    for name, event in interleave(streams):
-        events[name].append(event)
-    return {name: summarize(e).decode_tokens_per_s for name, e in events.items()}
+    return {name: summarize(e).decode_tokens_per_s for name, e in race(streams).items()}
 
 
 def measure(pair, args, graphs: str, attention: str, accepts: dict[str, float], race_at: str,

@@ -27,7 +27,7 @@ from ..models import LoadOptions, first_divergence
 from ..models.quant import QUANT_MODES
 from ..events import summarize
 from ..models.step import DecodeStep, Int4Product
-from ..race import interleave
+from ..race import race as run_race
 from ..sampling import warp
 from ..theory import measured_costs, predicted_speedup
 from ..timing import contexts_ms, median_ms, pass_ms, prompt_ms
@@ -97,10 +97,7 @@ def raced(pair, ids: list[int], cfg: SpecConfig, drafter_name: str) -> dict:
     on its own clock next; each lane's stats, as the page shows them."""
     streams = {"ar": autoregressive_generate(pair, ids, cfg),
                "spec": speculative_generate(pair, ids, cfg, make_drafter(pair, drafter_name, cfg))}
-    events = {name: [] for name in streams}
-    for name, event in interleave(streams):
-        events[name].append(event)
-    return {name: summarize(lane) for name, lane in events.items()}
+    return {name: summarize(lane) for name, lane in run_race(streams).items()}
 
 
 def run_prompt(pair, item, cfg, drafter_name, compare_hf, hf_k, repeats=1, peer=None, race=False) -> dict:

@@ -11,7 +11,7 @@ from ..cache import PADDED_SIZES, CompiledForward
 from ..messages import Note, Refusal
 from .attention import GROUPED, ROWS
 from .kquant import library as kquant_library
-from .pair import Pair, PairInfo, Progress, check_tokenizers, make_pair, pick_device, pick_dtype
+from .pair import Pair, PairInfo, Progress, check_tokenizers, dtype_named, make_pair, pick_device, pick_dtype
 from .step import DecodeStep
 
 TARGET_QUANTS = ("auto", "off", "int8", "blocks")  # how the target may compute (load_pair's target_quant)
@@ -52,8 +52,8 @@ class LoadOptions:
         if quant not in TARGET_QUANTS or kernel and (quant != "int8" or kernel not in INT8_KERNELS):
             raise ValueError(f"target_quant must be auto, off, blocks, int8 or int8:KERNEL ({', '.join(INT8_KERNELS)}), "
                              f"got {self.target_quant!r}")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.dtype != "auto":
+            dtype_named(self.dtype)
         if self.quant_mode not in QUANT_MODES:
             raise ValueError(f"draft quantisation must be one of {', '.join(QUANT_MODES)}, got {self.quant_mode!r}")
 

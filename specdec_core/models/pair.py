@@ -1,7 +1,6 @@
 """A model pair: a target, a draft sharing its tokenizer, and what belongs to the two models."""
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,12 +18,9 @@ Progress = Callable[[float, str], None]  # (fraction done, message)
 
 @dataclass
 class PairInfo:
-    """What people are shown of a pair: its models, how each computes, how long it took to load."""
+    """What people are shown of a pair: its models and how each computes."""
     target: str = ""  # the models' names
     draft: str = ""
-    load_s: float | None = None
-    target_params: int = 0
-    draft_params: int = 0
     target_quant: str = ""  # how the target computes, resolved (load.LoadOptions.target_quant)
     target_weights: str = ""  # said in the status: a dtype, "int8" or "blocks:<its product's build>"
     target_int8: str = ""  # the int8 target's product(s)
@@ -73,16 +69,23 @@ def pick_device(device: str = "auto") -> torch.device:
     return torch.device("cpu")
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def dtype_named(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {name!r}") from None
+
+
 def pick_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     """'auto': bfloat16 where the hardware runs it natively (CUDA, CPUs with AVX512-BF16/AMX), else
     float16 on MPS, else float32."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype != "auto":
-        try:
-            return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-        except KeyError:
-            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}") from None
+        return dtype_named(dtype)
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if device.type == "mps":
@@ -108,13 +111,11 @@ def make_pair(name, target, draft, tokenizer, device, dtype, info: PairInfo | No
         rows.append(draft.get_output_embeddings().weight.shape[0])
     vocab = min(len(tokenizer), *rows)
     ctx = getattr(target.config, "max_position_embeddings", None) or 4096
-    info = dataclasses.replace(info or PairInfo(), target_params=sum(p.numel() for p in target.parameters()),
-                               draft_params=sum(p.numel() for p in draft.parameters()) if draft is not None else 0)
     head = template_head(tokenizer)  # every prompt's chat-template head is computed once per model
     heads = {role: SharedHead(head, model) for role, model in (("target", target), ("draft", draft))
              if model is not None and head}
     return Pair(name, target.eval(), draft.eval() if draft is not None else None, tokenizer, vocab,
-                eos_ids_of(target, tokenizer), int(ctx), device, dtype, info, heads=heads)
+                eos_ids_of(target, tokenizer), int(ctx), device, dtype, info or PairInfo(), heads=heads)
 
 
 def default_cache_dir() -> Path:

@@ -14,7 +14,6 @@ import importlib
 import json
 import shutil
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,7 +117,6 @@ def load_bundled(device: torch.device, dtype: torch.dtype, progress: Progress, c
     root = Path(cache_dir or default_cache_dir())
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     remove_old_layouts(root)
-    t0 = time.perf_counter()
     progress(0.05, Note("load_checking", target=TARGET.name, draft=DRAFT.name))
     with ThreadPoolExecutor(2) as pool:  # hashing releases the GIL: the two files are checked side by side
         checks = {m: pool.submit(checked_parts, m) for m in (TARGET, DRAFT)}
@@ -126,8 +124,7 @@ def load_bundled(device: torch.device, dtype: torch.dtype, progress: Progress, c
         target_file, draft_file = GGUF(part_paths(TARGET)), GGUF(part_paths(DRAFT))
         if target_file.vocabulary() != draft_file.vocabulary():
             raise Refusal("tokenizers_differ", draft=repr(DRAFT.name), target=repr(TARGET.name))
-        # the tokenizer is kept in the cache: it is made from checked bytes only
-        tok = pool.submit(lambda: checks[TARGET].result() and tokenizer_of(target_file, root, TARGET.sha256))
+        tok = pool.submit(tokenizer_of, target_file, root, TARGET.sha256)  # from checked bytes only: kept in the cache
         progress(0.3, Note("load_reading", model=TARGET.name))
         target = load_target(target_file) if exact else load_dense(target_file, dtype, lazy[0])
         progress(0.6, Note("load_reading", model=DRAFT.name))
@@ -139,5 +136,5 @@ def load_bundled(device: torch.device, dtype: torch.dtype, progress: Progress, c
     if device.type != "cpu":
         target, draft = target.to(device), draft.to(device)
     pair = make_pair("bundled", target, draft, tok, device, dtype,
-                     PairInfo(TARGET.name, DRAFT.name, time.perf_counter() - t0))
+                     PairInfo(TARGET.name, DRAFT.name))
     return pair, root  # where the models' quantised weights are kept

@@ -229,7 +229,8 @@ def wire_teaching(panel, manager, state, controls, prompt, outputs, runs):
                          concurrency_id="gpu", **private)
     panel["step"].click(one_round, controls.inputs(state, prompt), outputs, concurrency_id="gpu", **private)
     panel["export"].click(teach.export, [state, lang], panel["trace_out"], **private)
-    return panel["replay"].click(teach.replay, [panel["trace_in"], panel["speed"], lang], outputs, **private)
+    return panel["replay"].click(teach.replay, [panel["trace_in"], panel["speed"], lang], outputs, show_progress="hidden",
+                                 **private)
 
 
 class Controls:
@@ -274,8 +275,11 @@ def build(manager, limits=None) -> tuple[gr.Blocks, Texts]:
         def race(data, request: gr.Request):  # Gradio fills `request` by its annotation
             yield from handlers.race_stream(manager, limits, data[prompt], controls.read(data), request)
 
-        run = go.click(race, controls.inputs(prompt), outputs, api_visibility="private", concurrency_id="gpu")
-        submit = prompt.submit(race, controls.inputs(prompt), outputs, api_visibility="private", concurrency_id="gpu")
+        # a race streams for tens of seconds: its summary says "Running…", and Gradio's trackers, which redraw a timer on
+        # every output each animation frame, would take the browser's share of the CPU from the decoders
+        streamed = dict(api_visibility="private", concurrency_id="gpu", show_progress="hidden")
+        run = go.click(race, controls.inputs(prompt), outputs, **streamed)
+        submit = prompt.submit(race, controls.inputs(prompt), outputs, **streamed)
         replay = wire_teaching(teaching, manager, state, controls, prompt, outputs, [run, submit])
         stop.click(None, cancels=[run, submit, replay])
 

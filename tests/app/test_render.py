@@ -148,3 +148,17 @@ def test_differing_greedy_outputs_say_where_they_part(tiny):
     for lang, words in (("en", "outputs part at token"), ("pt", "as saídas se separam no token")):
         text = plots.summary_html(race.plain.stats, race.spec.stats, race.identical, False, lang, race.parted)
         assert words in text and f"{n + 1}" in text and html.escape(b) in text and f"{lb:.3f}" in text
+
+
+def test_streamed_races_leave_their_progress_to_the_summary():
+    """A race streams into nine outputs for tens of seconds. Gradio's tracker on each output redraws its timer every
+    animation frame while it waits, and on a CPU the browser shares with the decoders, that drawing slows the very
+    speeds the race shows. The summary says "Running…" instead; the trackers stay hidden."""
+    from app.handlers import View
+    from app.pairs import PairManager
+    from app.ui import build_app
+
+    streams = [d for d in build_app(PairManager("cpu", "float32")).config["dependencies"]
+               if len(d["outputs"]) == len(View._fields) and d["api_name"] != "one_round"]
+    assert {d["api_name"] for d in streams} == {"race", "race_1", "replay"}
+    assert {d["show_progress"] for d in streams} == {"hidden"}

@@ -58,14 +58,15 @@ def private_dir(folder: Path) -> str:
     return ""
 
 
-def build(source: Path, flags: list[str]) -> tuple[ctypes.CDLL | None, str]:
+def build(source: Path, flags: list[str], folder: Path | None = None) -> tuple[ctypes.CDLL | None, str]:
     """(the library built from `source` with `flags`, "") or (None, why there is none). The flags name the
-    instruction sets, so a file's name, keyed on its source, flags and compiler, says what it runs on."""
+    instruction sets, so a file's name, keyed on its source, flags and compiler, says what it runs on.
+    folder: where it is built and kept (the cache's kernels/); one build at a time in each."""
     cc = shutil.which(os.environ.get("CC", "gcc"))
     if cc is None:
         return None, "no C compiler (gcc or $CC) to build it"
     key = hashlib.sha256(b"\0".join([source.read_bytes(), " ".join(flags).encode(), cc.encode()])).hexdigest()[:16]
-    folder = default_cache_dir() / "kernels"
+    folder = folder or default_cache_dir() / "kernels"
     built = folder / f"{source.stem}-{key}.so"
     try:
         unsafe = private_dir(folder)

@@ -1,5 +1,8 @@
 """The target's product on Q4_K and Q6_K blocks (kquant.c) against the block formats' public definitions and the
 arithmetic it promises, for any number of rows, in both of its builds, with planted bugs that must fail."""
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 import torch
@@ -157,15 +160,31 @@ MUTANTS = {  # a planted bug: (kind it breaks, old text, new text), each in one 
 }
 
 
-@pytest.mark.parametrize("name", MUTANTS)
-def test_each_planted_bug_fails_the_reference_test(name, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory) -> dict:
+    """Each planted bug's build of kquant.c (or why it has none), compiled side by side: a compiler per core."""
     needs_kernel()
     if kquant.library()[1] != "avx512-vnni":
         pytest.skip("the planted bugs are in the AVX-512 VNNI build, which this CPU cannot run")
-    kind, old, new = MUTANTS[name]
     source = kquant.SOURCE.read_text()
-    assert source.count(old) == 1, name
-    assert not agrees(build(tmp_path, monkeypatch, source.replace(old, new), vnni=True), kind)
+
+    def compiled(name):
+        old, new = MUTANTS[name][1:]
+        if source.count(old) != 1:
+            return f"its text is not once in kquant.c: {old!r}"
+        folder = tmp_path_factory.mktemp("planted")
+        (folder / "kquant.c").write_text(source.replace(old, new))
+        lib, why = native.build(folder / "kquant.c", kquant.COMMON + native.AVX512_VNNI_FLAGS, folder)
+        return why or kquant.bind(lib)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return dict(zip(MUTANTS, pool.map(compiled, MUTANTS)))
+
+
+@pytest.mark.parametrize("name", MUTANTS)
+def test_each_planted_bug_fails_the_reference_test(name, planted):
+    assert not isinstance(planted[name], str), planted[name]
+    assert not agrees(planted[name], MUTANTS[name][0])
 
 
 def test_the_product_refuses_what_does_not_fit():

@@ -32,6 +32,7 @@ def test_bench_writes_json_and_table(tmp_path, capsys):
     assert "median speedup" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a comparison of whole bench runs; test_bench_writes_json_and_table is the fast tier's
 def test_bench_sets_the_apps_race_beside_the_decoders_alone(tmp_path, capsys):
     report = bench.main(["--pair", "tiny", "--max-new-tokens", "12", "--limit", "2", "--json", str(tmp_path / "r.json"),
                          "--race"])
@@ -75,6 +76,7 @@ def test_gpu_bench_runs_on_a_small_shape(tmp_path):
     assert json.loads((tmp_path / "gpu.json").read_text())["variants"][3]["graphs"] == "eager"
 
 
+@pytest.mark.slow  # a comparison of whole bench runs; test_bench_writes_json_and_table is the fast tier's
 def test_bench_compares_chains_and_trees_in_one_run(tmp_path, capsys):
     report = bench.main(["--pair", "tiny", "--max-new-tokens", "16", "--limit", "2", "--json", str(tmp_path / "t.json"),
                          "--dtype", "float32", "--device", "cpu", "--tree", "0,6"])
@@ -89,6 +91,7 @@ def test_bench_compares_chains_and_trees_in_one_run(tmp_path, capsys):
     assert "accepted/pass" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a comparison of whole bench runs; test_bench_writes_json_and_table is the fast tier's
 def test_bench_compares_guesses_in_one_run(tmp_path):
     report = bench.main(["--pair", "tiny", "--max-new-tokens", "16", "--limit", "1", "--json", str(tmp_path / "g.json"),
                          "--dtype", "float32", "--device", "cpu", "--guess", "0,3"])
@@ -101,6 +104,7 @@ def test_bench_compares_guesses_in_one_run(tmp_path):
             assert steps == pytest.approx(drafted) if name.endswith("guess 0") else 0 < steps <= drafted
 
 
+@pytest.mark.slow  # a comparison of whole bench runs; test_bench_writes_json_and_table is the fast tier's
 def test_bench_compares_the_int8_targets_products_in_one_run(tmp_path):
     report = bench.main(["--pair", "tiny", "--max-new-tokens", "16", "--limit", "1", "--json", str(tmp_path / "k.json"),
                          "--dtype", "float32", "--device", "cpu", "--target-quant", "int8:fbgemm,int8:vnni"])
@@ -196,6 +200,7 @@ def test_startup_bench_times_a_start_until_ready(tmp_path):
     assert run["status"].startswith("Ready:") and 0 < run["seconds"] < 300 and run["resident_mb"] > 50
 
 
+@pytest.mark.slow  # a comparison of whole bench runs; test_bench_writes_json_and_table is the fast tier's
 def test_bench_compares_the_written_and_the_general_draft_step_in_one_run(tmp_path, monkeypatch):
     """The tiny pair with an int4 draft, so that it gets the written-out step: one run times both steps, part by part."""
     loaded = bench.load_pair

@@ -32,7 +32,7 @@ def runs(pair):
             for c in CONFIGS]
 
 
-@pytest.mark.parametrize("backend", ["eager", None])  # None: static caches, steps uncompiled
+@pytest.mark.parametrize("backend", [pytest.param("eager", marks=pytest.mark.slow), None])  # None: steps uncompiled
 def test_static_caches_decode_the_same_tokens(fresh_pair, backend):
     before = runs(fresh_pair)
     enable_graphs(fresh_pair, backend or "eager", max_len=256)
@@ -73,6 +73,7 @@ def test_a_failing_compiled_step_falls_back_without_changing_output(fresh_pair):
         assert generate(fresh_pair, "fallback", cfg).token_ids == before
 
 
+@pytest.mark.slow  # static caches through dynamo (seconds of tracing)
 def test_static_cache_refuses_to_overflow(fresh_pair):
     enable_graphs(fresh_pair, "eager", max_len=96)
     lm = fresh_pair.cached("target")
@@ -148,6 +149,7 @@ def test_a_long_prompt_runs_in_chunks(fresh_pair, monkeypatch):
     assert n > 8 and prompts == ([8] * (n // 8) + ([n % 8] if n % 8 else [])) * 4  # the same chunks in each run
 
 
+@pytest.mark.slow  # static caches through dynamo (seconds of tracing)
 def test_grouped_attention_decodes_what_sdpa_decodes(fresh_pair):
     """Key/value heads read as they are (never repeated per query head) give the same logits and tokens,
     in prompts (no mask: causal), single steps and verification passes, with dynamic and static caches."""

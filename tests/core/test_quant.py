@@ -611,6 +611,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow  # two child processes, each loading torch
 def test_two_starts_that_quantise_one_file_at_once_both_come_up(tmp_path):
     """Two apps started together on one empty cache: the second waits for the first's file and reads it."""
     import subprocess

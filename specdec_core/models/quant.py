@@ -252,11 +252,12 @@ class Int4Linear(WeightOnlyLinear):
             groups = w.reshape(w.shape[0], -1, self.GROUP)
             low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
             step = ((high - low) / 15).clamp(min=1e-12)
-            q = torch.round((groups - low) / step).clamp(0, 15).to(torch.int32).reshape(w.shape)
+            # in place, one temporary: the 0.5B draft's head alone is 136M weights, a first start waits on them
+            q = groups.sub(low).div_(step).round_().clamp_(0, 15).to(torch.uint8).reshape(w.shape)
             if own:
                 saved = {"tiles": int4_pack(q, step[..., 0], low[..., 0])}
             else:  # PyTorch's kernel computes (q - 8) * scale + zero
-                saved = {"packed": torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2),
+                saved = {"packed": torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 2),
                          "scales": torch.cat([step, low + 8 * step], -1).transpose(0, 1).contiguous()}
         self.register_buffer("tiles", saved.get("tiles"))
         self.register_buffer("packed", saved.get("packed"))

@@ -433,6 +433,8 @@ CORE_PT = {
     "load_tokenizers": "carregando os tokenizadores de {target} e {draft}",
     "load_target": "carregando o alvo {model}",
     "load_draft": "carregando o rascunho {model}",
+    "load_draft_int4": "o rascunho {model} em int4 (feito uma vez, depois lido)",
+    "load_target_int8": "o alvo {model} em int8 (feito uma vez, depois lido)",
     "load_compiling": "compilando os passos de decodificação ({backend}) para passadas de largura {n}",
 }
 TEXT.update({key: ({**MESSAGES, **NOTES}[key], pt) for key, pt in CORE_PT.items()})

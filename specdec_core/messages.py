@@ -47,6 +47,8 @@ NOTES = {  # how far a load has come
     "load_tokenizers": "loading the tokenizers of {target} and {draft}",
     "load_target": "loading the target {model}",
     "load_draft": "loading the draft {model}",
+    "load_draft_int4": "the draft {model} in int4 (made once, then read)",
+    "load_target_int8": "the target {model} in int8 (made once, then read)",
     "load_compiling": "compiling decoding steps ({backend}) for passes of width {n}",
 }
 

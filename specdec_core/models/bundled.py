@@ -132,7 +132,6 @@ def load_bundled(device: torch.device, dtype: torch.dtype, progress: Progress, c
         progress(0.8, Note("load_tokenizer"))
         tok = tok.result()
         checks[DRAFT].result()  # nothing read from a part that fails its check is served
-    progress(1.0, Note("load_ready"))
     if device.type != "cpu":
         target, draft = target.to(device), draft.to(device)
     pair = make_pair("bundled", target, draft, tok, device, dtype,

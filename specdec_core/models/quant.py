@@ -308,6 +308,7 @@ def replace_linears(model: nn.Module, make) -> nn.Module:
     """In place: every nn.Linear `mod` named `name` becomes make(name, mod). The conversions (quantising,
     prepacking) run on a thread per core: PyTorch releases the GIL in them, and start-up waits for them."""
     found = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    found.sort(key=lambda item: -item[1].weight.numel())  # the head first: last, it would keep one thread busy alone
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         made = list(pool.map(lambda item: make(*item), found))
     for (name, _), new in zip(found, made):

@@ -347,15 +347,13 @@ def quant_label(model: nn.Module, mode: str) -> str:
     return f"int8 ({'mixed' if mode == 'int4' else mode})"
 
 
-QUANT_MODES = {"int4": _int4, "mixed": _mixed, "dynamic": lambda name, mod, saved: DynamicInt8Linear(mod, saved),
-               "weight-only": lambda name, mod, saved: Int8Linear(mod, saved)}  # mode -> make(name, linear, saved)
+QUANT_MODES = {"int4": _int4, "mixed": _mixed}  # mode -> make(name, linear, saved); mixed is int4's fallback
 
 
 def cheapen_draft(model: nn.Module, quant: bool = True, keep_vocab: int = 0, mode: str = "int4",
                   saved: Path | None = None, source: str = "") -> nn.Module:
     """In place: quantised Linear layers and/or a pruned head. mode: "int4" (as "mixed" where the
-    int4 kernel does not fit: float32, odd shapes), "mixed" (int8 dynamic, but down_proj weight-only),
-    "dynamic" or "weight-only" (int8) everywhere.
+    int4 kernel does not fit: float32, odd shapes) or "mixed" (int8 dynamic, but down_proj weight-only).
 
     saved, source: see quantise (quantising the 0.5B draft would be most of a warm start)."""
     if mode not in QUANT_MODES:

@@ -177,7 +177,7 @@ def test_packed_linears_give_the_same_logits(tiny):
     torch.testing.assert_close(after, before, rtol=0, atol=0)
 
 
-def test_dynamic_int8_draft_keeps_down_proj_weight_only(tiny):
+def test_the_mixed_int8_draft_keeps_down_proj_weight_only(tiny):
     draft = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16), mode="mixed")
     kinds = {name.rsplit(".", 1)[-1]: type(m) for name, m in draft.named_modules()
              if isinstance(m, (Int8Linear, DynamicInt8Linear))}
@@ -186,10 +186,8 @@ def test_dynamic_int8_draft_keeps_down_proj_weight_only(tiny):
     fp32 = cheapen_draft(copy.deepcopy(tiny.draft).float(), mode="mixed")  # the weight-only kernel is slow in float32
     assert type(fp32.model.layers[0].mlp.down_proj) is torch.nn.Linear
     assert isinstance(fp32.model.layers[0].mlp.up_proj, DynamicInt8Linear)
-    for mode, down, gate in (("dynamic", DynamicInt8Linear, DynamicInt8Linear), ("weight-only", Int8Linear, Int8Linear)):
-        other = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16), mode=mode)
-        assert isinstance(other.model.layers[0].mlp.down_proj, down)
-        assert isinstance(other.model.layers[0].mlp.gate_proj, gate)
+    with pytest.raises(ValueError, match="one of int4, mixed"):  # the int8-everywhere variants are gone
+        cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16), mode="dynamic")
     with torch.inference_mode():
         out = draft(torch.tensor([[5, 9, 33]])).logits
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
@@ -206,7 +204,8 @@ def test_saved_draft_is_the_same_draft_and_stale_files_are_rebuilt(tiny, tmp_pat
         if damage == "corrupt":
             path.write_bytes(b"not a safetensors file")
         if damage == "other mode":  # a file of the other mode under this name is rebuilt, not misread
-            cheapen_draft(copy.deepcopy(tiny.draft).to(dtype), mode="dynamic", saved=path, source="weights v1")
+            cheapen_draft(copy.deepcopy(tiny.draft).to(dtype), mode="int4" if mode == "mixed" else "mixed", saved=path,
+                          source="weights v1")
         reloaded = cheapen_draft(copy.deepcopy(tiny.draft).to(dtype), mode=mode, saved=path,
                                  source="weights v2" if damage == "other source" else "weights v1")
         with torch.inference_mode():

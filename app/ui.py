@@ -36,6 +36,10 @@ CLICK_JS = """
 }
 """
 
+# A race streams for tens of seconds: its summary says "Running…". Gradio's trackers, which redraw a timer on every
+# output each animation frame, would take the browser's share of the CPU from the decoders beside it.
+STREAMED = dict(api_visibility="private", concurrency_id="gpu", show_progress="hidden")
+
 
 class key:
     """A text key (i18n.t) or a function of the language, where a component takes text."""
@@ -275,11 +279,8 @@ def build(manager, limits=None) -> tuple[gr.Blocks, Texts]:
         def race(data, request: gr.Request):  # Gradio fills `request` by its annotation
             yield from handlers.race_stream(manager, limits, data[prompt], controls.read(data), request)
 
-        # a race streams for tens of seconds: its summary says "Running…", and Gradio's trackers, which redraw a timer on
-        # every output each animation frame, would take the browser's share of the CPU from the decoders
-        streamed = dict(api_visibility="private", concurrency_id="gpu", show_progress="hidden")
-        run = go.click(race, controls.inputs(prompt), outputs, **streamed)
-        submit = prompt.submit(race, controls.inputs(prompt), outputs, **streamed)
+        run = go.click(race, controls.inputs(prompt), outputs, **STREAMED)
+        submit = prompt.submit(race, controls.inputs(prompt), outputs, **STREAMED)
         replay = wire_teaching(teaching, manager, state, controls, prompt, outputs, [run, submit])
         stop.click(None, cancels=[run, submit, replay])
 

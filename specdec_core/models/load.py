@@ -99,8 +99,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOp
         pair.info.target_weights = f"blocks:{kquant_library()[1]}"  # exact: the same logits in a step and in a pass
     if quant == "int8":
         progress(0.9, Note("load_target_int8", model=pair.info.target))
-        path, source = saved.get("target", (None, ""))
-        quantise_target(pair.target, path, source, kernel=kernel or None)
+        quantise_target(pair.target, *saved.get("target", (None, "")), kernel=kernel or None)
         pair.info.target_weights = "int8"  # exact: the same logits in a step and in a pass
         pair.info.target_int8 = "/".join(sorted({m.kernel for m in pair.target.modules() if isinstance(m, TokenInt8Linear)}))
     if dev.type == "cpu":

@@ -304,11 +304,14 @@ class PrunedHead(nn.Module):
         return out
 
 
-def replace_linears(model: nn.Module, make) -> nn.Module:
+def replace_linears(model: nn.Module, make, largest_first: bool = False) -> nn.Module:
     """In place: every nn.Linear `mod` named `name` becomes make(name, mod). The conversions (quantising,
-    prepacking) run on a thread per core: PyTorch releases the GIL in them, and start-up waits for them."""
+    prepacking) run on a thread per core: PyTorch releases the GIL in them, and start-up waits for them.
+    largest_first: for work that grows with the weights (quantising): the draft's head, last in module order, would
+    keep one thread busy alone."""
     found = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    found.sort(key=lambda item: -item[1].weight.numel())  # the head first: last, it would keep one thread busy alone
+    if largest_first:
+        found.sort(key=lambda item: -item[1].weight.numel())
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         made = list(pool.map(lambda item: make(*item), found))
     for (name, _), new in zip(found, made):
@@ -409,7 +412,8 @@ def replace_saved(model: nn.Module, make, saved: Path | None, source: str) -> No
     for key, value in tensors.items():
         name, _, field = key.rpartition(":")
         layers.setdefault(name, {})[field] = value
-    replace_linears(model, lambda name, mod: make(name, mod if name in layers else read(mod), layers.get(name)))
+    replace_linears(model, lambda name, mod: make(name, mod if name in layers else read(mod), layers.get(name)),
+                    largest_first=not layers)
     if saved and not tensors:
         layers = {name: mod for name, mod in model.named_modules() if hasattr(mod, "saved_state")}
         # a layer saves the layers inside it (Int4Linear's int8 twin) with its own

@@ -141,7 +141,8 @@ class CachedModel:
 
     Rolling back after a rejection is `crop(length)`; nothing before it is ever recomputed.
     `static`: the model's compiled steps (a pooled static cache is used); `head`: the prompt head it shares;
-    `step`: a decoding step of its own, step(ids, cache, length, keep) -> logits, or None where it cannot take one.
+    `step`: a written-out forward of its own (models/step.py), step(ids, cache, length, keep, tree, prompt) -> logits,
+    or None where the general forward is to take it.
     """
 
     def __init__(self, model, vocab: int, static: CompiledForward | None = None, head: SharedHead | None = None,
@@ -172,18 +173,15 @@ class CachedModel:
         if self.static and self.length + n + PADDED_SIZES[-1] > self.static.max_len:
             raise ValueError(f"The sequence would exceed the static cache of {self.static.max_len} positions.")
         logits = None
-        if tree is not None:
-            out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep,
-                             **tree.model_inputs(self.length, self.model.config._attn_implementation, self.device,
-                                                 self.static.max_len if self.static else None))
-            logits = out.logits[0]
-        elif self.static and self.static.compiled and not prompt and n <= PADDED_SIZES[-1]:
+        if self.static and self.static.compiled and tree is None and not prompt and n <= PADDED_SIZES[-1]:
             logits = self._compiled_forward(ids, keep)
-        elif self.step and not self.static and not prompt:
-            logits = self.step(ids, self.cache, self.length, keep)
+        elif self.step and not self.static:
+            logits = self.step(ids, self.cache, self.length, keep, tree, prompt)
         if logits is None:  # a prompt is said so to the attention (attention.row_attention)
+            inputs = tree.model_inputs(self.length, self.model.config._attn_implementation, self.device,
+                                       self.static.max_len if self.static else None) if tree is not None else {}
             out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep,
-                             **({"prompt_pass": True} if prompt else {}))
+                             **inputs, **({"prompt_pass": True} if prompt else {}))
             logits = out.logits[0]
         self.length += n
         # rows past the shared tokenizer range (vocab padding) are never sampled

@@ -69,8 +69,6 @@ def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOp
     dev = pick_device(o.device)
     dt = pick_dtype(o.dtype, dev)
     backend = ("inductor" if dev.type == "cuda" else "off") if o.graphs == "auto" else o.graphs
-    from .quant import TokenInt8Linear, quantise_target
-
     target_quant = o.target_quant
     quant, _, kernel = target_quant.partition(":")
     if quant == "blocks" and target != "bundled":
@@ -94,20 +92,31 @@ def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOp
         if DecodeStep.fits(pair.draft):  # its decoding steps written out (step.py); prompts and trees as above
             pair.steps["draft"] = DecodeStep(pair.draft)
     pair.info.target_weights, pair.info.target_quant = str(dt).replace("torch.", ""), target_quant
-    if quant == "blocks":
-        pair.target.set_attn_implementation(ROWS)  # each row's attention as a step computes it (attention.py)
-        pair.info.target_weights = f"blocks:{kquant_library()[1]}"  # exact: the same logits in a step and in a pass
-    if quant == "int8":
-        progress(0.9, Note("load_target_int8", model=pair.info.target))
-        quantise_target(pair.target, *saved.get("target", (None, "")), kernel=kernel or None)
-        pair.info.target_weights = "int8"  # exact: the same logits in a step and in a pass
-        pair.info.target_int8 = "/".join(sorted({m.kernel for m in pair.target.modules() if isinstance(m, TokenInt8Linear)}))
+    if quant in ("blocks", "int8"):
+        make_exact(pair, quant, kernel, saved, progress)
     if dev.type == "cpu":
         settle_on_cpu(pair, pack=dt == torch.bfloat16 and not as_built)
     if backend != "off":
         enable_graphs(pair, backend, o.max_len, progress)
     progress(1.0, Note("load_ready"))
     return pair
+
+
+def make_exact(pair: Pair, quant: str, kernel: str, saved: dict, progress: Progress) -> None:
+    """The target made exact (the same logits in a step and in a pass): on its blocks, each row's attention as a step
+    computes it and every forward written out (step.py), one arithmetic for all; or in int8."""
+    from .quant import TokenInt8Linear, quantise_target
+
+    if quant == "blocks":
+        pair.target.set_attn_implementation(ROWS)
+        pair.info.target_weights = f"blocks:{kquant_library()[1]}"
+        if DecodeStep.fits(pair.target):
+            pair.steps["target"] = DecodeStep(pair.target)
+    else:
+        progress(0.9, Note("load_target_int8", model=pair.info.target))
+        quantise_target(pair.target, *saved.get("target", (None, "")), kernel=kernel or None)
+        pair.info.target_weights = "int8"
+        pair.info.target_int8 = "/".join(sorted({m.kernel for m in pair.target.modules() if isinstance(m, TokenInt8Linear)}))
 
 
 def read_models(target: str, draft: str | None, o: LoadOptions, quant: str, cheap_draft: bool, dev: torch.device,

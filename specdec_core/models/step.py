@@ -1,29 +1,38 @@
-"""The draft's decoding step on CPUs, written out.
+"""The decoding forwards on CPUs, written out: the int4 draft's steps, and the exact target's every forward.
 
 A step of the 0.5B draft feeds one or a few tokens through 24 layers. Its int4 products read the weights
 once and are most of the time; the rest of transformers' general forward (module calls, a cache that
-concatenates every layer's keys and values, casts, masks) costs a fifth of a step on two cores. Here a
-Llama-shaped decoder (Qwen2, Llama) takes its step as one loop over its layers:
-- the q/k/v products are one int4 product, and so are gate and up (their packed rows concatenated);
+concatenates every layer's keys and values, casts, masks) costs a fifth of a step on two cores, and of the 1.5B
+target's step on its Q4_K/Q6_K blocks a quarter. Here a Llama-shaped decoder (Qwen2, Llama) runs as one loop over
+its layers:
+- the q/k/v products are one product, and so are gate and up (their packed rows concatenated);
 - the small operations between products (norms and the residual adds, the rotation with the cache writes, the
   activation) are one call each to step_ops.c, not some twenty PyTorch operations a layer;
-- keys and values are written into the room behind the cache's (cache.RoomLayer), not concatenated;
-- the attention is one SDPA call per layer over the grouped key/value heads.
+- keys and values are written into the room behind the cache's (cache.RoomLayer), not concatenated.
 
-It serves the draft only. A draft changes the speed, never the output: its logits may differ from the
-general forward's by rounding, and its tokens are verified by the target whatever they are.
+The draft (int4, bfloat16 activations) takes its one- or few-token steps here, with one SDPA call per layer over
+the grouped key/value heads; its prompts and trees take the general forward. A draft changes the speed, never the
+output: its logits may differ from the general forward's by rounding.
+
+The target on its blocks (float32 activations) takes every forward here, prompts and trees too, so that one
+arithmetic computes all its positions: each operation computes a row alone, and the attention is
+attention.row_attention's, so a position's logits are the same bits in a one-token step and in any pass.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from ..cache import RoomLayer
+from ..cache import RoomLayer, TreeInput
+from .attention import row_attention
 from .int4_vnni import product as int4_product
+from .kquant import KQuantLinear
+from .kquant import product as kquant_product
 from .native import load
 from .quant import Int4Linear
 
@@ -38,9 +47,10 @@ def ops() -> ctypes.CDLL | None:
     if lib is None:
         return None
     p, i = ctypes.c_void_p, ctypes.c_int
-    lib.add_norm.argtypes = [p, p, p, i, i, ctypes.c_float, p]
-    lib.rotate_write.argtypes = [p, p, p, i, i, i, i, p, p, p, i, i]
-    lib.silu_mul.argtypes = [p, i, i, p]
+    for suffix in ("", "_f32"):
+        getattr(lib, "add_norm" + suffix).argtypes = [p, p, p, i, i, ctypes.c_float, p]
+        getattr(lib, "rotate_write" + suffix).argtypes = [p, p, p, i, i, i, i, p, p, p, i, i]
+        getattr(lib, "silu_mul" + suffix).argtypes = [p, i, i, p]
     return lib
 
 
@@ -84,11 +94,33 @@ class Int4Product:
         return y if self.bias is None else y + self.bias
 
 
+class KQuantProduct:
+    """Several Q4_K/Q6_K projections of one input: one product for each run of one kind, their packed weights
+    concatenated. A group of 16 outputs is computed alone (kquant.c), so each output is the same bits either way."""
+
+    def __init__(self, linears: list[KQuantLinear]):
+        self.runs = []
+        for kind, run in itertools.groupby(linears, key=lambda m: m.kind):
+            run = list(run)
+            packed = torch.cat([m.packed for m in run])
+            biases = [m.bias if m.bias is not None else torch.zeros(m.out_features) for m in run]
+            bias = torch.cat(biases) if any(m.bias is not None for m in run) else None
+            start = 0
+            for m in run:  # each projection keeps its weights, now a view of the concatenated ones
+                m.packed, start = packed[start:start + m.packed.numel()], start + m.packed.numel()
+            self.runs.append((kind, packed, bias, sum(m.out_features for m in run)))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        ys = [kquant_product(packed, kind, x, n, bias) for kind, packed, bias, n in self.runs]
+        return ys[0] if len(ys) == 1 else torch.cat(ys, -1)
+
+
 class DecodeStep:
-    """fits(model): a Llama-shaped decoder on a CPU with int4 projections, where step_ops.c builds.
-    step(ids, cache, length, keep): append `ids` [1, n] to `cache` (a DynamicCache of RoomLayers holding `length`
-    tokens) and return the logits of the last `keep` positions, [keep, vocab]; None when the cache is not ready for
-    it (nothing cached yet)."""
+    """fits(model): a Llama-shaped decoder on a CPU with int4 projections (the draft) or Q4_K/Q6_K ones (the exact
+    target), where step_ops.c builds.
+    step(ids, cache, length, keep, tree=None, prompt=False): append `ids` [1, n] to `cache` (a DynamicCache of
+    RoomLayers holding `length` tokens) and return the logits of the last `keep` positions, [keep, vocab]; None
+    where the general forward is to take it (the draft's prompts and trees)."""
 
     def __init__(self, model):
         cfg = model.config
@@ -96,58 +128,81 @@ class DecodeStep:
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.hidden, self.inter = cfg.hidden_size, cfg.intermediate_size
         self.head_dim = getattr(cfg, "head_dim", None) or self.hidden // self.heads
+        self.exact = isinstance(model.get_decoder().layers[0].mlp.down_proj, KQuantLinear)
+        self.dtype, suffix = (torch.float32, "_f32") if self.exact else (torch.bfloat16, "")
+        self.add_norm, self.rotate_write, self.silu_mul = (getattr(ops(), name + suffix)
+                                                           for name in ("add_norm", "rotate_write", "silu_mul"))
+        stack = KQuantProduct if self.exact else Int4Product
         self.layers = []
         for layer in model.get_decoder().layers:
             a, m = layer.self_attn, layer.mlp
-            self.layers.append((layer.input_layernorm.weight, Int4Product([a.q_proj, a.k_proj, a.v_proj]),
-                                Int4Product([a.o_proj]), layer.post_attention_layernorm.weight,
-                                Int4Product([m.gate_proj, m.up_proj]), Int4Product([m.down_proj]), a.scaling))
+            self.layers.append((layer.input_layernorm.weight, stack([a.q_proj, a.k_proj, a.v_proj]), stack([a.o_proj]),
+                                layer.post_attention_layernorm.weight, stack([m.gate_proj, m.up_proj]),
+                                stack([m.down_proj]), a.scaling))
 
     @staticmethod
     def fits(model) -> bool:
         cfg = model.config
         layers = model.get_decoder().layers
         attn, mlp = layers[0].self_attn, layers[0].mlp
+        projections = [getattr(part, name) for part, names in ((attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+                                                                (mlp, ("gate_proj", "up_proj", "down_proj"))) for name in names]
+        kind, dtype = ((Int4Linear, torch.bfloat16) if isinstance(projections[0], Int4Linear) else
+                       (KQuantLinear, torch.float32))
         return (model.get_input_embeddings().weight.device.type == "cpu" and cfg.model_type in ("qwen2", "llama")
                 and not getattr(cfg, "use_sliding_window", False) and getattr(cfg, "hidden_act", "silu") == "silu"
-                and all(isinstance(getattr(part, name), Int4Linear) for part, names in (
-                    (attn, ("q_proj", "k_proj", "v_proj", "o_proj")), (mlp, ("gate_proj", "up_proj", "down_proj")))
-                    for name in names)
-                and all(norm.weight.dtype == torch.bfloat16 for layer in layers
+                and all(isinstance(m, kind) for m in projections)
+                and all(norm.weight.dtype == dtype for layer in layers
                         for norm in (layer.input_layernorm, layer.post_attention_layernorm))
-                and model.get_decoder().norm.weight.dtype == torch.bfloat16
+                and model.get_decoder().norm.weight.dtype == dtype
                 and ops() is not None)
 
     @torch.inference_mode()
-    def __call__(self, ids: torch.Tensor, cache, length: int, keep: int) -> torch.Tensor | None:
-        if length == 0 or len(cache.layers) != len(self.layers) or not cache.layers[0].is_initialized \
-                or not all(isinstance(layer, RoomLayer) for layer in cache.layers):
+    def __call__(self, ids: torch.Tensor, cache, length: int, keep: int, tree: TreeInput | None = None,
+                 prompt: bool = False) -> torch.Tensor | None:
+        if not self.exact and (tree is not None or prompt or length == 0) \
+                or not all(isinstance(layer, RoomLayer) for layer in cache.layers) or len(cache.layers) != len(self.layers):
             return None
-        lib, n, d, g = ops(), ids.shape[1], self.head_dim, self.heads // self.kv_heads
+        n, d, g = ids.shape[1], self.head_dim, self.heads // self.kv_heads
         h = self.model.get_input_embeddings()(ids[0]).float()  # the residual stream, [n, hidden], in float32
-        positions = torch.arange(length, length + n, device=ids.device)[None]
+        mask, positions = self.visibility(n, length, tree, prompt)
         cos, sin = (c[0].contiguous() for c in self.model.get_decoder().rotary_emb(h[None], positions))  # [n, d]
-        # n > 1: query i sees the cache and the new tokens up to itself; rows ordered as the grouped query heads
-        mask = None if n == 1 else torch.ones(n, length + n, dtype=torch.bool).tril(length).repeat(g, 1)[None, None]
-        x = torch.empty(n, self.hidden, dtype=torch.bfloat16)  # each norm's output: the next product's input
-        q = torch.empty(self.heads, n, d, dtype=torch.bfloat16)
-        act = torch.empty(n, self.inter, dtype=torch.bfloat16)
+        x = torch.empty(n, self.hidden, dtype=self.dtype)  # each norm's output: the next product's input
+        q = torch.empty(self.heads, n, d, dtype=self.dtype)
+        act = torch.empty(n, self.inter, dtype=self.dtype)
         add = None  # the last product's output, for the residual stream (tensors named: alive through the C calls)
         for layer, (norm1, qkv, out, norm2, gate_up, down, scale) in zip(cache.layers, self.layers):
-            lib.add_norm(h.data_ptr(), None if add is None else add.data_ptr(), norm1.data_ptr(), n, self.hidden,
-                         self.eps, x.data_ptr())
+            self.add_norm(h.data_ptr(), None if add is None else add.data_ptr(), norm1.data_ptr(), n, self.hidden,
+                          self.eps, x.data_ptr())
+            if not layer.is_initialized:
+                empty = torch.empty(1, self.kv_heads, 0, d, dtype=self.dtype)
+                layer.update(empty, empty)
             keys, values = layer.reserve(n)
             rows = qkv(x)
-            lib.rotate_write(rows.data_ptr(), cos.data_ptr(), sin.data_ptr(), n, self.heads, self.kv_heads, d,
-                             q.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.shape[2], length)
-            # each key/value head's query heads stacked as rows: the keys are read as they are, not repeated
-            o = F.scaled_dot_product_attention(q.view(1, self.kv_heads, g * n, d), layer.keys, layer.values,
-                                               attn_mask=mask, scale=scale)
-            add = out(o.view(self.heads, n, d).transpose(0, 1).reshape(n, -1))
-            lib.add_norm(h.data_ptr(), add.data_ptr(), norm2.data_ptr(), n, self.hidden, self.eps, x.data_ptr())
+            self.rotate_write(rows.data_ptr(), cos.data_ptr(), sin.data_ptr(), n, self.heads, self.kv_heads, d,
+                              q.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.shape[2], length)
+            if self.exact:  # each row as a step computes it (a prompt's rows: one grouped call)
+                o = row_attention(None, q[None], layer.keys, layer.values, mask, scaling=scale, prompt_pass=prompt)[0]
+            else:  # each key/value head's query heads stacked as rows: the keys are read as they are, not repeated
+                o = F.scaled_dot_product_attention(q.view(1, self.kv_heads, g * n, d), layer.keys, layer.values,
+                                                   attn_mask=mask, scale=scale).view(self.heads, n, d).transpose(0, 1)
+            add = out(o.reshape(n, -1))
+            self.add_norm(h.data_ptr(), add.data_ptr(), norm2.data_ptr(), n, self.hidden, self.eps, x.data_ptr())
             rows = gate_up(x)
-            lib.silu_mul(rows.data_ptr(), n, self.inter, act.data_ptr())
+            self.silu_mul(rows.data_ptr(), n, self.inter, act.data_ptr())
             add = down(act)
         norm = self.model.get_decoder().norm
-        lib.add_norm(h.data_ptr(), add.data_ptr(), norm.weight.data_ptr(), n, self.hidden, self.eps, x.data_ptr())
+        self.add_norm(h.data_ptr(), add.data_ptr(), norm.weight.data_ptr(), n, self.hidden, self.eps, x.data_ptr())
         return self.model.get_output_embeddings()(x[n - keep:])
+
+    def visibility(self, n: int, length: int, tree: TreeInput | None, prompt: bool):
+        """(the attention's mask, [1, 1, n, length + n] booleans or None, and the rows' positions [1, n])."""
+        if tree is not None:
+            inputs = tree.model_inputs(length, "sdpa", "cpu")
+            return inputs["attention_mask"], inputs["position_ids"]
+        positions = torch.arange(length, length + n)[None]
+        if n == 1 or self.exact and not prompt:  # row_attention's chain rows: each sees the cache and those before it
+            return None, positions
+        causal = torch.ones(n, length + n, dtype=torch.bool).tril(length)
+        # the draft's SDPA: rows ordered as the grouped query heads
+        return (causal if self.exact else causal.repeat(self.heads // self.kv_heads, 1))[None, None], positions

@@ -1,10 +1,12 @@
-/* The small operations of the draft's decoding step (step.py), each one call for a layer's rows.
+/* The small operations of the written-out forwards (step.py), each one call for a layer's rows.
 
    A step of the 0.5B draft reads its int4 weights in 97 products; between them PyTorch ran some twenty small
    operations a layer (norms, the rotation, the cache writes, the activation), each a dispatch of a few
    microseconds for a few thousand numbers: a quarter of a step on two cores. Here each run of them is one call.
-   Activations come and go in bfloat16 (the int4 products' type); sums run in float32 and the residual stream
-   stays in float32. Plain C: the compiler vectorises it for the CPU it is built on. */
+   Two sets: the draft's activations come and go in bfloat16 (its int4 products' type), the exact target's in
+   float32 (its Q4_K/Q6_K products'); sums run in float32, in order, and the residual stream stays in float32.
+   Each row is computed alone, the same whatever rows come with it: the target's step and pass agree bit for bit.
+   Plain C, without fast-math: the compiler vectorises the element-wise loops, never reorders a sum. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -39,54 +41,67 @@ static inline float exp_neg(float x) {
     return p * scale;
 }
 
-/* h [n][dim] float32 += add [n][dim] bfloat16 (NULL: nothing to add); out [n][dim] = rmsnorm(h) * weight */
-void add_norm(float* h, const uint16_t* add, const uint16_t* weight, int n, int dim, float eps, uint16_t* out) {
-    for (int r = 0; r < n; r++) {
-        float* row = h + (size_t)r * dim;
-        float sum = 0.f;
-        if (add) {
-            const uint16_t* a = add + (size_t)r * dim;
-            for (int i = 0; i < dim; i++) row[i] += from_bf16(a[i]);
-        }
-        for (int i = 0; i < dim; i++) sum += row[i] * row[i];
-        float inv = 1.f / sqrtf(sum / dim + eps);
-        for (int i = 0; i < dim; i++) out[(size_t)r * dim + i] = to_bf16(row[i] * inv * from_bf16(weight[i]));
-    }
+static inline float from_f32(float v) { return v; }
+static inline float to_f32(float f) { return f; }
+
+/* h [n][dim] float32 += add [n][dim] (NULL: nothing to add); out [n][dim] = rmsnorm(h) * weight */
+#define ADD_NORM(name, T, W, from, to, wfrom)                                                                         \
+void name(float* h, const T* add, const W* weight, int n, int dim, float eps, T* out) {                             \
+    for (int r = 0; r < n; r++) {                                                                                    \
+        float* row = h + (size_t)r * dim;                                                                            \
+        float sum = 0.f;                                                                                             \
+        if (add) {                                                                                                   \
+            const T* a = add + (size_t)r * dim;                                                                      \
+            for (int i = 0; i < dim; i++) row[i] += from(a[i]);                                                      \
+        }                                                                                                            \
+        for (int i = 0; i < dim; i++) sum += row[i] * row[i];                                                        \
+        float inv = 1.f / sqrtf(sum / dim + eps);                                                                    \
+        for (int i = 0; i < dim; i++) out[(size_t)r * dim + i] = to(row[i] * inv * wfrom(weight[i]));               \
+    }                                                                                                                \
 }
 
-/* qkv [n][(heads + 2 kv_heads) d] bfloat16: the rows' queries, keys and values, head after head. cos, sin [n][d]
-   float32: each row's rotation (the two halves of a head rotate together). Writes q [heads][n][d], rotated, and
-   each row's key (rotated) and value at position length + row of keys, values [kv_heads][room][d]. */
-void rotate_write(const uint16_t* qkv, const float* cos, const float* sin, int n, int heads, int kv_heads, int d,
-                  uint16_t* q, uint16_t* keys, uint16_t* values, int room, int length) {
-    int width = (heads + 2 * kv_heads) * d, half = d / 2;
-    for (int r = 0; r < n; r++) {
-        const uint16_t* row = qkv + (size_t)r * width;
-        const float *c = cos + (size_t)r * d, *s = sin + (size_t)r * d;
-        for (int h = 0; h < heads + kv_heads; h++) {
-            const uint16_t* x = row + (size_t)h * d;
-            uint16_t* dst = h < heads ? q + ((size_t)h * n + r) * d
-                                      : keys + ((size_t)(h - heads) * room + length + r) * d;
-            for (int i = 0; i < half; i++) {
-                float a = from_bf16(x[i]), b = from_bf16(x[i + half]);
-                dst[i] = to_bf16(a * c[i] - b * s[i]);
-                dst[i + half] = to_bf16(b * c[i + half] + a * s[i + half]);
-            }
-        }
-        for (int h = 0; h < kv_heads; h++)
-            memcpy(values + ((size_t)h * room + length + r) * d, row + (size_t)(heads + kv_heads + h) * d, 2 * (size_t)d);
-    }
+/* qkv [n][(heads + 2 kv_heads) d]: the rows' queries, keys and values, head after head. cos, sin [n][d] float32: each
+   row's rotation (the two halves of a head rotate together). Writes q [heads][n][d], rotated, and each row's key
+   (rotated) and value at position length + row of keys, values [kv_heads][room][d]. */
+#define ROTATE_WRITE(name, T, from, to)                                                                               \
+void name(const T* qkv, const float* cos, const float* sin, int n, int heads, int kv_heads, int d,                  \
+          T* q, T* keys, T* values, int room, int length) {                                                          \
+    int width = (heads + 2 * kv_heads) * d, half = d / 2;                                                            \
+    for (int r = 0; r < n; r++) {                                                                                    \
+        const T* row = qkv + (size_t)r * width;                                                                      \
+        const float *c = cos + (size_t)r * d, *s = sin + (size_t)r * d;                                              \
+        for (int h = 0; h < heads + kv_heads; h++) {                                                                 \
+            const T* x = row + (size_t)h * d;                                                                        \
+            T* dst = h < heads ? q + ((size_t)h * n + r) * d : keys + ((size_t)(h - heads) * room + length + r) * d; \
+            for (int i = 0; i < half; i++) {                                                                         \
+                float a = from(x[i]), b = from(x[i + half]);                                                         \
+                dst[i] = to(a * c[i] - b * s[i]);                                                                    \
+                dst[i + half] = to(b * c[i + half] + a * s[i + half]);                                               \
+            }                                                                                                        \
+        }                                                                                                            \
+        for (int h = 0; h < kv_heads; h++)                                                                           \
+            memcpy(values + ((size_t)h * room + length + r) * d, row + (size_t)(heads + kv_heads + h) * d,           \
+                   sizeof(T) * (size_t)d);                                                                           \
+    }                                                                                                                \
 }
 
-/* gate_up [n][2 inter] bfloat16 (gate, then up) -> out [n][inter] = silu(gate) * up */
-void silu_mul(const uint16_t* gate_up, int n, int inter, uint16_t* out) {
-    for (int r = 0; r < n; r++) {
-        const uint16_t *g = gate_up + (size_t)r * 2 * inter, *u = g + inter;
-        for (int i = 0; i < inter; i++) {
-            float x = from_bf16(g[i]);
-            float e = exp_neg(-fabsf(x));  /* silu(x) = x sigmoid(x), sigmoid from e^-|x| without overflow */
-            float sig = x >= 0 ? 1.f / (1.f + e) : e / (1.f + e);
-            out[(size_t)r * inter + i] = to_bf16(x * sig * from_bf16(u[i]));
-        }
-    }
+/* gate_up [n][2 inter] (gate, then up) -> out [n][inter] = silu(gate) * up */
+#define SILU_MUL(name, T, from, to)                                                                                   \
+void name(const T* gate_up, int n, int inter, T* out) {                                                              \
+    for (int r = 0; r < n; r++) {                                                                                    \
+        const T *g = gate_up + (size_t)r * 2 * inter, *u = g + inter;                                                \
+        for (int i = 0; i < inter; i++) {                                                                            \
+            float x = from(g[i]);                                                                                    \
+            float e = exp_neg(-fabsf(x));  /* silu(x) = x sigmoid(x), sigmoid from e^-|x| without overflow */        \
+            float sig = x >= 0 ? 1.f / (1.f + e) : e / (1.f + e);                                                    \
+            out[(size_t)r * inter + i] = to(x * sig * from(u[i]));                                                   \
+        }                                                                                                            \
+    }                                                                                                                \
 }
+
+ADD_NORM(add_norm, uint16_t, uint16_t, from_bf16, to_bf16, from_bf16)
+ROTATE_WRITE(rotate_write, uint16_t, from_bf16, to_bf16)
+SILU_MUL(silu_mul, uint16_t, from_bf16, to_bf16)
+ADD_NORM(add_norm_f32, float, float, from_f32, to_f32, from_f32)
+ROTATE_WRITE(rotate_write_f32, float, from_f32, to_f32)
+SILU_MUL(silu_mul_f32, float, from_f32, to_f32)

@@ -52,14 +52,17 @@ def test_greedy_speculative_equals_the_targets_own_greedy_output(bundled_pair, p
 @pytest.mark.parametrize("context", [128, 1030])
 def test_the_default_target_gives_a_position_the_same_logits_in_a_step_and_in_any_pass(bundled_pair, context):
     """The CPU default (the target on its file's Q4_K/Q6_K blocks): 17 positions fed one at a time, as plain decoding does, against the
-    same positions in one chain pass, and a tree's branch against its tokens fed alone: equal bit for bit."""
+    same positions in one chain pass, and a tree's branch against its tokens fed alone: equal bit for bit, through the
+    forward the pair runs."""
     from .test_quant import logits_alone_and_in_a_pass
 
     from specdec_core.models import kquant
 
     assert bundled_pair.info.target_quant == ("blocks" if kquant.library()[1] == "avx512-vnni" else "int8")
     assert bundled_pair.target.config._attn_implementation == "specdec_rows"
-    alone, chain, branch, branch_alone = logits_alone_and_in_a_pass(bundled_pair.target, bundled_pair.vocab, context)
+    step = bundled_pair.steps.get("target")  # on the blocks, every forward written out (step.py)
+    assert (step is not None) == (bundled_pair.info.target_quant == "blocks")
+    alone, chain, branch, branch_alone = logits_alone_and_in_a_pass(bundled_pair.target, bundled_pair.vocab, context, step)
     assert torch.equal(alone, chain) and torch.equal(branch, branch_alone)
 
 

@@ -356,14 +356,14 @@ def test_an_onednn_product_whose_rows_depend_on_their_number_leaves_the_layer_to
         assert TokenInt8Linear(lin, kernel="onednn").kernel == "onednn"
 
 
-def logits_alone_and_in_a_pass(model, vocab, context: int = 57):
+def logits_alone_and_in_a_pass(model, vocab, context: int = 57, step=None):
     """The logits of 17 positions fed one at a time, as plain decoding does, and the same positions inside one
     17-token chain pass; and, for a tree whose branch 0 -> 2 -> 5 -> ... holds those tokens among other nodes,
-    that branch's rows of the tree pass, beside the same tokens fed alone."""
+    that branch's rows of the tree pass, beside the same tokens fed alone. step: the model's written-out forward."""
     from specdec_core.cache import CachedModel, TreeInput
 
     prompt, pass_ids = [3 + i % 90 for i in range(context)], torch.arange(100, 117)
-    lm = CachedModel(model, vocab)
+    lm = CachedModel(model, vocab, step=step)
     lm.prefill(prompt)
     full = lm.forward(pass_ids, keep=17)
     lm.crop(len(prompt))
@@ -547,14 +547,14 @@ def test_the_written_out_draft_step_follows_the_general_forward(tiny):
     assert DecodeStep.fits(draft) and not DecodeStep.fits(tiny.draft)  # float32 projections: the general forward
     step, taken = DecodeStep(draft), []
 
-    def spy(*args):
-        logits = step(*args)
-        taken.append(args[0].shape[1] if logits is not None else None)
+    def spy(ids, cache, length, keep, tree=None, prompt=False):
+        logits = step(ids, cache, length, keep, tree, prompt)
+        taken.append((ids.shape[1], tree is not None or prompt, logits is not None))
         return logits
     fast, general = CachedModel(draft, tiny.vocab, step=spy), CachedModel(draft, tiny.vocab)
     prompt = [(7 * i) % 250 + 3 for i in range(40)]
     fast.prefill(prompt), general.prefill(prompt)
-    assert not taken  # a prompt takes the general forward
+    assert taken == [(40, True, False)]  # a prompt takes the general forward
     worst, scale = 0.0, 0.0
     for i in range(30):
         n = 2 if i % 5 == 0 else 1
@@ -568,7 +568,9 @@ def test_the_written_out_draft_step_follows_the_general_forward(tiny):
                 lm.forward(torch.tensor([9, 10, 11]), keep=3, tree=TreeInput([-1, -1, 0]))
                 lm.compact(lm.length - 3, [0, 2])
         assert fast.length == general.length and int(fast.cache.get_seq_length()) == fast.length
-    assert taken.count(1) > 15 and taken.count(2) == 6 and None not in taken  # one and two tokens a step, all taken
+    steps = [n for n, general_forward, took in taken if not general_forward]
+    assert steps.count(1) > 15 and steps.count(2) == 6  # one and two tokens a step, all taken; prompts and trees not
+    assert all(took != general_forward for n, general_forward, took in taken)
     assert worst < 0.05 * scale, (worst, scale)  # rounding at most, not another function
     # PyTorch's 64-row blocks: gate and up (128 rows each) are one product; k and v (32 rows) would shift q's blocks.
     # Ours takes blocks of 4 rows: q/k/v are one product too

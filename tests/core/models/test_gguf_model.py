@@ -11,7 +11,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specdec_core import SpecConfig, generate
 from specdec_core.models import Pair, gguf_model, kquant
+from specdec_core.cache import CachedModel, TreeInput
 from specdec_core.models.attention import ROWS
+from specdec_core.models.step import DecodeStep
 
 from ...conftest import FLAT_COSTS
 from ..test_quant import logits_alone_and_in_a_pass
@@ -126,10 +128,43 @@ def exact_target(files):
     return model
 
 
+class Spy:
+    """The target's written-out forward (step.py), counting the forwards it took."""
+
+    def __init__(self, model):
+        self.step, self.took = DecodeStep(model), 0
+
+    def __call__(self, *args):
+        logits = self.step(*args)
+        self.took += logits is not None
+        return logits
+
+
 @pytest.mark.parametrize("context", [57, 300])
 def test_the_target_on_its_blocks_gives_a_position_the_same_logits_alone_or_in_a_pass(exact_target, context):
+    """Through transformers' forward, and through the written-out one, which takes every forward: the prompt, 17 + 9
+    steps, a chain pass and a tree pass."""
     alone, chain, tree, branch_alone = logits_alone_and_in_a_pass(exact_target, 272, context)
     assert torch.equal(alone, chain) and torch.equal(tree, branch_alone)
+    assert DecodeStep.fits(exact_target)
+    spy = Spy(exact_target)
+    alone, chain, tree, branch_alone = logits_alone_and_in_a_pass(exact_target, 272, context, spy)
+    assert torch.equal(alone, chain) and torch.equal(tree, branch_alone)
+    assert spy.took == (1 + context // 256) + 17 + 1 + 1 + 9
+
+
+def test_the_written_out_target_follows_the_general_forward(exact_target):
+    """The same function: float32 both, so they part only where an activation's int8 rounding tips (one tip moves
+    this random model's logits by 1-3%); a tree's mask dropped parts them by up to 95%."""
+    written, general = CachedModel(exact_target, 272, step=Spy(exact_target)), CachedModel(exact_target, 272)
+    prompt = [(7 * i) % 250 + 3 for i in range(300)]  # two chunks
+    worst = 0.0
+    for lm in (written, general):
+        lm.prefill(prompt)
+    for ids, tree in ((torch.tensor([5]), None), (torch.arange(20, 29), None), (torch.arange(40, 46), TreeInput([-1, 0, 0, 1, 2, -1]))):
+        mine, theirs = written.forward(ids, keep=len(ids), tree=tree), general.forward(ids, keep=len(ids), tree=tree)
+        worst = max(worst, ((mine - theirs).norm() / theirs.norm()).item())
+    assert worst < 0.1 and written.step.took == 2 + 3
 
 
 def test_speculative_decoding_on_the_blocks_is_plain_decoding(files, exact_target):
@@ -138,13 +173,14 @@ def test_speculative_decoding_on_the_blocks_is_plain_decoding(files, exact_targe
     from specdec_core.models.tiny import tiny_tokenizer
 
     draft = random_model(1).to(torch.bfloat16)
-    pair = Pair("gguf", exact_target, draft, tiny_tokenizer(), 259, frozenset(), 4096, torch.device("cpu"),
-                torch.float32, pass_costs=FLAT_COSTS)
-    ar = generate(pair, "blocks", SpecConfig(max_new_tokens=40), "autoregressive").token_ids
-    for cfg in (SpecConfig(k=4, max_new_tokens=40), SpecConfig(k=8, max_new_tokens=40, tree_nodes=12)):
-        assert generate(pair, "blocks", cfg).token_ids == ar
-    sampled = SpecConfig(k=4, max_new_tokens=40, temperature=0.7, seed=5)
-    assert generate(pair, "blocks", sampled).token_ids == generate(dataclasses.replace(pair), "blocks", sampled).token_ids
+    for steps in ({}, {"target": DecodeStep(exact_target)}):  # transformers' forward, then the written-out one
+        pair = Pair("gguf", exact_target, draft, tiny_tokenizer(), 259, frozenset(), 4096, torch.device("cpu"),
+                    torch.float32, steps=steps, pass_costs=FLAT_COSTS)
+        ar = generate(pair, "blocks", SpecConfig(max_new_tokens=40), "autoregressive").token_ids
+        for cfg in (SpecConfig(k=4, max_new_tokens=40), SpecConfig(k=8, max_new_tokens=40, tree_nodes=12)):
+            assert generate(pair, "blocks", cfg).token_ids == ar
+        sampled = SpecConfig(k=4, max_new_tokens=40, temperature=0.7, seed=5)
+        assert generate(pair, "blocks", sampled).token_ids == generate(dataclasses.replace(pair), "blocks", sampled).token_ids
 
 
 def test_a_lazy_model_reads_a_linears_values_only_when_no_quantised_weights_were_made(files, tmp_path):

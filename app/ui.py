@@ -100,6 +100,20 @@ def build_pair_bar(manager, tx: Texts):
     return choice, custom, load, status
 
 
+def wire_pair_bar(manager, choice, custom, load, status, lang):
+    def switch(preset, custom_spec, language):
+        spec = custom_spec.strip() if custom_spec and custom_spec.strip() else PRESETS.get(preset)
+        if not spec:
+            return message_html(t("pick_pair", language), "error")
+        manager.load(spec)
+        return status_html(manager, language)
+
+    load.click(lambda language: message_html(t("loading_keeps", language)), lang, status,
+               api_visibility="private").then(switch, [choice, custom, lang], status, api_visibility="private")
+    gr.Timer(1.0).tick(partial(status_html, manager), lang, status, api_visibility="private",
+                       show_progress="hidden", queue=False)
+
+
 # the API's parameters: SpecConfig's fields with its defaults (but the chat template, always on here, and the
 # inspector's top-n lists, which the API does not return), and the drafter
 API_SIGNATURE = inspect.Signature(
@@ -283,18 +297,7 @@ def build(manager, limits=None) -> tuple[gr.Blocks, Texts]:
         submit = prompt.submit(race, controls.inputs(prompt), outputs, **STREAMED)
         replay = wire_teaching(teaching, manager, state, controls, prompt, outputs, [run, submit])
         stop.click(None, cancels=[run, submit, replay])
-
-        def switch(preset, custom_spec, language):
-            spec = custom_spec.strip() if custom_spec and custom_spec.strip() else PRESETS.get(preset)
-            if not spec:
-                return message_html(t("pick_pair", language), "error")
-            manager.load(spec)
-            return status_html(manager, language)
-
-        load.click(lambda language: message_html(t("loading_keeps", language)), lang, status,
-                   api_visibility="private").then(switch, [choice, custom, lang], status, api_visibility="private")
-        gr.Timer(1.0).tick(partial(status_html, manager), lang, status, api_visibility="private",
-                           show_progress="hidden", queue=False)
+        wire_pair_bar(manager, choice, custom, load, status, lang)
 
         def api(*args, **kwargs) -> dict:
             """Generate with plain and speculative decoding: progress each round, then the text and the statistics."""

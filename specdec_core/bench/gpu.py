@@ -183,7 +183,7 @@ def table(report: dict) -> str:
     return "\n".join(rows)
 
 
-def main(argv=None) -> dict:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m specdec_core.bench.gpu", description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="auto")
     ap.add_argument("--shapes", default="7b,1.5b", help=f"comma list of: {', '.join(SHAPES)}")
@@ -199,21 +199,26 @@ def main(argv=None) -> dict:
     ap.add_argument("--peak-tbs", type=float, default=4.8, help="the device's memory bandwidth, TB/s (H200: 4.8)")
     ap.add_argument("--budget-s", type=float, default=420, help="skip the remaining variants after this long")
     ap.add_argument("--json", default=None)
-    args = ap.parse_args(argv)
-    tree = None  # from --acceptance-from, when that run drafted trees
+    return ap
+
+
+def measured_acceptance(path: str, accepts: dict) -> dict | None:
+    """Each prompt's acceptance in a CPU bench run, added to `accepts`; and, where that run drafted trees, their
+    tokens accepted a pass and depth ({"accepted", "depth"}, else None)."""
+    with open(path) as f:
+        run = json.load(f)
+    variants = list(run["variants"].values()) if "variants" in run else [run]
+    accepts.update({e["id"]: e["spec"]["acceptance_rate"] for e in variants[0]["prompts"]})  # the first target's
+    trees = next((v for v in variants if v["settings"].get("tree_nodes")), None)
+    return trees and {"accepted": trees["summary"]["accepted_per_pass_mean"], "depth": trees["summary"]["depth_per_round_mean"]}
+
+
+def main(argv=None) -> dict:
+    args = parser().parse_args(argv)
     device, dtype = pick_device(args.device), getattr(torch, args.dtype)
     accepts = {f"a={a}": float(a) for a in args.accept.split(",")}
     race_at = list(accepts)[len(accepts) // 2]  # the middle rate asked for
-    if args.acceptance_from:
-        with open(args.acceptance_from) as f:
-            run = json.load(f)
-        variants = list(run["variants"].values()) if "variants" in run else [run]
-        run = variants[0]  # the first target of a comparison
-        accepts.update({e["id"]: e["spec"]["acceptance_rate"] for e in run["prompts"]})
-        trees = next((v for v in variants if v["settings"].get("tree_nodes")), None)
-        if trees:  # its tokens accepted a pass at the bundled pair's acceptance, and how deep its trees went
-            tree = {"accepted": trees["summary"]["accepted_per_pass_mean"],
-                    "depth": trees["summary"]["depth_per_round_mean"]}
+    tree = measured_acceptance(args.acceptance_from, accepts) if args.acceptance_from else None
     start = time.perf_counter()
     report = {"device": torch.cuda.get_device_name() if device.type == "cuda" else str(device), "dtype": args.dtype,
               "context": args.context, "max_new_tokens": args.max_new_tokens, "k": args.k, "peak_tbs": args.peak_tbs,

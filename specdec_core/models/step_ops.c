@@ -24,10 +24,14 @@ static inline uint16_t to_bf16(float f) {  /* round to nearest even; the values 
     return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
 }
 
-/* e^x for x <= 0 in float32: 2^i times a polynomial for 2^f, f in [0, 1). Branch-free, so that it vectorises. */
+/* e^x for x <= 0 in float32: 2^i times a polynomial for 2^f, f in [0, 1). Branch-free and without library calls
+   (floorf is one where the build has no SSE4.1), so that it vectorises: 17 rows of the target's activation took 1.6
+   ms as a call per value, 28 times a pass. */
 static inline float exp_neg(float x) {
-    float t = fmaxf(x, -87.f) * 1.44269504088896341f;
-    float i = floorf(t), f = t - i;
+    float t = (x < -87.f ? -87.f : x) * 1.44269504088896341f;
+    int i = (int)t;  /* toward zero: t <= 0, so i >= t; one less where that is not the floor */
+    i -= t < (float)i;
+    float f = t - (float)i;
     float p = 1.53533e-4f;
     p = p * f + 1.339887e-3f;
     p = p * f + 9.618437e-3f;
@@ -35,7 +39,7 @@ static inline float exp_neg(float x) {
     p = p * f + 2.402264e-1f;
     p = p * f + 6.931472e-1f;
     p = p * f + 1.f;
-    int32_t bits = ((int32_t)i + 127) << 23;
+    int32_t bits = (i + 127) << 23;
     float scale;
     memcpy(&scale, &bits, 4);
     return p * scale;
@@ -93,7 +97,7 @@ void name(const T* gate_up, int n, int inter, T* out) {                         
         for (int i = 0; i < inter; i++) {                                                                            \
             float x = from(g[i]);                                                                                    \
             float e = exp_neg(-fabsf(x));  /* silu(x) = x sigmoid(x), sigmoid from e^-|x| without overflow */        \
-            float sig = x >= 0 ? 1.f / (1.f + e) : e / (1.f + e);                                                    \
+            float sig = (x >= 0 ? 1.f : e) / (1.f + e);                                                              \
             out[(size_t)r * inter + i] = to(x * sig * from(u[i]));                                                   \
         }                                                                                                            \
     }                                                                                                                \

@@ -12,122 +12,22 @@ Interface (three methods):
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from .cache import CachedModel, TreeInput
 from .config import MAX_GUESS
+from .drafts import Draft, Fed, Grown, children, without
 from .events import chain
+from .lookup import HybridDrafter, Ngrams, PromptLookupDrafter
 from .messages import Refusal
-from .sampling import sample, warp
+from .sampling import warp
 from .theory import PassCosts, tree_size
 from .timing import tree_costs
-from .transfer import Transfer, upload
+from .transfer import upload
 
 TREE_WIDTH = 4  # a tree node's children
-
-
-@dataclass
-class Draft:
-    tokens: torch.Tensor  # [k'] proposed ids, k' <= k
-    q: torch.Tensor | None  # [k', V] distributions they were sampled from; None = deterministic drafter
-    logits: torch.Tensor | None = None  # [k', V] raw draft logits, kept only for display (cfg.record_top)
-    size: torch.Tensor | None = None  # () on the device: only the first `size` tokens are the draft (None: all)
-    failed: torch.Tensor | None = None  # () bool on the device: the draft produced NaN or +inf logits
-    parents: list[int] = None  # each node's parent (-1: the last committed token); a chain's by default
-    expected: float = 0.0  # the draft's own estimate of the tokens the target will accept
-    steps: int = 0  # the draft's forwards (a model's; fewer than its tokens where guesses or a tree's levels saved some)
-
-    def __post_init__(self):
-        if self.parents is None:
-            self.parents = chain(len(self))
-
-    def __len__(self) -> int:
-        return self.tokens.numel()
-
-
-def without(q: torch.Tensor, tokens: list[int]) -> torch.Tensor:
-    """q with `tokens` removed and renormalised: the distribution of a draw made after them without replacement."""
-    if not tokens:
-        return q
-    q = q.index_fill(0, upload(tokens, q.device, torch.long), 0.0)
-    return q / q.sum()
-
-
-class Node(NamedTuple):
-    """A drafted tree node."""
-    token: int
-    parent: int  # the parent's index among the nodes (-1: the last committed token)
-    rank: float  # path probability under the draft, the j-th child counted at its parent's j-th largest probability
-    q_row: int  # the row of the distribution it was drawn from (its parent's)
-    sibling: int  # its place among its siblings, in the order drawn
-    chain: bool  # on the chain: every node on its path a first child
-
-
-class Fed(NamedTuple):
-    """The nodes a round fed to the draft's cache, from `start` on: their tokens, and each one's parent's slot
-    among them (-1: the last committed token)."""
-    start: int
-    tokens: list[int]
-    parents: list[int]
-
-
-def children(q: torch.Tensor, logits: torch.Tensor, width: int, cfg, generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's `width` children [rows, width], and the probabilities that rank them: the j-th child is ranked
-    at its row's j-th largest probability (under q; greedy, whose q is one-hot: under the draft's softmax)."""
-    ranked = torch.softmax(logits.float(), -1) if cfg.greedy else q
-    top, picks = torch.topk(ranked, width, -1)
-    if width == 1:  # a chain: the argmax, or one draw from q
-        picks = q.argmax(-1, keepdim=True) if cfg.greedy else sample(q, generator)[..., None]
-    elif not cfg.greedy:  # Gumbel top-k: `width` draws without replacement, in the order drawn
-        u = torch.rand(q.shape, generator=generator, device=q.device).clamp_(min=1e-20)
-        picks = torch.topk(torch.where(q > 0, q.log() - (-u.log()).log(), float("-inf")), width, -1).indices
-    return top, picks
-
-
-@dataclass
-class Grown:
-    """A draft as it grows: its nodes, the distributions (q, and the raw logits) of the rows they were drawn from,
-    whether a row failed, and the nodes fed to the draft (by index)."""
-    nodes: list[Node] = field(default_factory=list)
-    qs: list[torch.Tensor] = field(default_factory=list)
-    raw: list[torch.Tensor] = field(default_factory=list)
-    failed: list[torch.Tensor] = field(default_factory=list)
-    fed: list[int] = field(default_factory=list)
-
-    def add_level(self, frontier: list[int], top: torch.Tensor, picks: torch.Tensor) -> list[int]:
-        """The children [len(frontier), width] drawn at the last rows, read in one transfer, as nodes: their indices."""
-        level_read = Transfer()
-        level_read.put("tops", top, floats=True)
-        level_read.put("tokens", picks)
-        tops, tokens = level_read.read().values()
-        level, first_row = [], len(self.qs) - len(frontier)
-        for f, parent in enumerate(frontier):
-            above, on_chain = (1.0, True) if parent < 0 else (self.nodes[parent].rank, self.nodes[parent].chain)
-            for j, (token, prob) in enumerate(zip(tokens[f], tops[f])):
-                if prob <= 0:  # the distribution has fewer tokens than `width`
-                    break
-                self.nodes.append(Node(token, parent, above * prob, first_row + f, j, on_chain and j == 0))
-                level.append(len(self.nodes) - 1)
-        return level
-
-
-class NoDrafter:
-    """Proposes nothing: every round is one plain target step. This is autoregressive decoding."""
-
-    name = "none"
-
-    def start(self, ids):
-        pass
-
-    def propose(self, ids, k, cfg, generator):
-        return Draft(torch.empty(0, dtype=torch.long), None)
-
-    def commit(self, ids):
-        pass
 
 
 class ModelDrafter:
@@ -306,91 +206,6 @@ class ModelDrafter:
             self.fed = None
         self.lm.crop(len(ids) - 1)
         self.lm.check()
-
-
-class Ngrams:
-    """Where each n-gram of a growing sequence (n = least..most) last occurred with a token after it: prompt
-    lookup's index. It is brought up to date with the tokens added since the last call, so a lookup costs the
-    same at any length."""
-
-    def __init__(self, most: int = 3, least: int = 1):
-        self.most, self.least = most, least
-        self.ids: list[int] = []
-        self.last: dict[tuple[int, ...], int] = {}  # n-gram -> where the token after its latest occurrence sits
-
-    def after(self, ids: list[int], tail: list[int], most: int) -> tuple[int, list[int]]:
-        """Up to `most` tokens of `ids` that followed the latest earlier occurrence of the longest n-gram ending
-        `tail` (`ids` and what follows them), and that n; (0, []) where none occurred."""
-        if ids[: len(self.ids)] != self.ids:  # not a continuation of the indexed sequence: index it afresh
-            self.ids, self.last = [], {}
-        for j in range(max(len(self.ids), 1), len(ids)):  # j: where the token after an n-gram sits
-            for n in range(self.least, min(self.most, j) + 1):
-                self.last[tuple(ids[j - n:j])] = j
-        self.ids = list(ids)
-        for n in range(min(self.most, len(tail)), self.least - 1, -1):
-            j = self.last.get(tuple(tail[-n:]))
-            if j is not None:
-                return n, ids[j:j + most]
-        return 0, []
-
-
-class PromptLookupDrafter:
-    """No model: find the latest earlier occurrence of the last n tokens (n = 3, else 2) and propose what followed.
-
-    Nearly free, and strong whenever the output copies from the prompt (editing, extraction). A match of one token
-    is mostly a common token's latest continuation (after a comma, a space), and wrong: on a CPU, a wrong 16-token
-    proposal costs a 17-row pass, about 2.5 steps, for one token (docs/benchmarks.md#prompt-lookup).
-    """
-
-    name = "prompt-lookup"
-
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 2):
-        self.ngrams = Ngrams(max_ngram, min_ngram)
-
-    def start(self, ids):
-        pass
-
-    def propose(self, ids, k, cfg, generator):
-        return Draft(torch.tensor(self.ngrams.after(ids, ids, k)[1], dtype=torch.long), None)
-
-    def commit(self, ids):
-        pass
-
-
-class HybridDrafter:
-    """Prompt lookup when the text is being copied (a full k-token continuation of an earlier
-    n-gram), the draft model otherwise. A copied round costs no draft steps at all; the model's
-    cache catches up on the tokens it skipped the next time it drafts. A copy that the target
-    mostly rejects (the text changes where it was copied from, as in a rename) sends the next
-    `pause` rounds to the model."""
-
-    name = "hybrid"
-
-    def __init__(self, model: ModelDrafter, min_ngram: int = 3, pause: int = 2):
-        self.model, self.lookup = model, PromptLookupDrafter(max_ngram=min_ngram, min_ngram=min_ngram)
-        self.pause, self.paused, self.copied = pause, 0, None  # copied: (sequence length, k) of the last copy
-
-    def start(self, ids):
-        self.model.start(ids)
-        self.paused, self.copied = 0, None
-
-    def propose(self, ids, k, cfg, generator):
-        if self.paused:
-            self.paused -= 1
-        else:
-            copied = self.lookup.propose(ids, k, cfg, generator)
-            if len(copied) == k:
-                self.copied = (len(ids), k)
-                return copied
-        return self.model.propose(ids, k, cfg, generator)
-
-    def commit(self, ids):
-        if self.copied:
-            length, k = self.copied
-            if len(ids) - length - 1 < k / 2:  # fewer than half of the copied tokens accepted
-                self.paused = self.pause
-            self.copied = None
-        self.model.commit(ids)
 
 
 class EarlyExitDrafter(ModelDrafter):

@@ -14,7 +14,8 @@ import torch
 
 from .cache import TreeInput
 from .config import MAX_K, MAX_PROMPT_CHARS, SpecConfig
-from .drafters import Draft, NoDrafter, make_drafter
+from .drafters import make_drafter
+from .drafts import Draft, NoDrafter
 from .events import Result, RoundEvent, chain, summarize, tree_depths
 from .messages import Refusal
 from .sampling import NON_FINITE, NonFiniteLogitsError, warp

@@ -78,7 +78,7 @@ def test_every_refusal_a_visitor_can_read_is_said_in_both_languages():
     assert set(CORE_PT) == set(MESSAGES) | set(NOTES)  # every refusal and note of the core has its Portuguese here
     root = Path(__file__).resolve().parents[2]
     reachable = [*(root / "app").glob("*.py"), *(root / "specdec_core" / name for name in (
-        "config.py", "engine.py", "text.py", "drafters.py", "models/bundled.py"))]  # the app, and what visitors reach
+        "config.py", "engine.py", "text.py", "drafters.py", "drafts.py", "lookup.py", "models/bundled.py"))]  # the app, and what visitors reach
     assert [where for path in reachable for where in literal_messages(path)] == []
     assert len(literal_messages(root / "specdec_core" / "models" / "load.py")) > 1  # the scan finds them (loader options)
     with pytest.raises(ValueError) as refused:

@@ -14,7 +14,8 @@ from scipy.stats import chisquare
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specdec_core import SpecConfig, drafters, make_drafter, speculative_generate, verify
-from specdec_core.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
+from specdec_core.drafters import ModelDrafter
+from specdec_core.lookup import HybridDrafter, PromptLookupDrafter
 from specdec_core.models import Pair
 from specdec_core.models import step as step_module
 from specdec_core.models.quant import cheapen_draft

@@ -7,7 +7,8 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specdec_core import SpecConfig, autoregressive_generate, generate, speculative_generate
-from specdec_core.drafters import ModelDrafter, Ngrams, PromptLookupDrafter, make_drafter
+from specdec_core.drafters import ModelDrafter, make_drafter
+from specdec_core.lookup import Ngrams, PromptLookupDrafter
 from specdec_core.models import Pair
 
 from ..conftest import FLAT_COSTS, with_eos

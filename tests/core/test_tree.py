@@ -7,7 +7,8 @@ from scipy.stats import chisquare
 
 from specdec_core import SpecConfig, generate, speculative_generate, theory, verify
 from specdec_core.cache import TreeInput
-from specdec_core.drafters import ModelDrafter, without
+from specdec_core.drafters import ModelDrafter
+from specdec_core.drafts import without
 from specdec_core.engine import encode_request
 from specdec_core.events import tree_depths
 from specdec_core.theory import PassCosts, tree_size

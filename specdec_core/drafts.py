@@ -1,0 +1,112 @@
+"""What a drafter proposes (Draft), and the pieces a draft model's token tree grows from: its nodes, their
+children's draws, and the nodes fed to the draft's cache. NoDrafter proposes nothing: plain decoding."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from .events import chain
+from .sampling import sample
+from .transfer import Transfer, upload
+
+
+@dataclass
+class Draft:
+    tokens: torch.Tensor  # [k'] proposed ids, k' <= k
+    q: torch.Tensor | None  # [k', V] distributions they were sampled from; None = deterministic drafter
+    logits: torch.Tensor | None = None  # [k', V] raw draft logits, kept only for display (cfg.record_top)
+    size: torch.Tensor | None = None  # () on the device: only the first `size` tokens are the draft (None: all)
+    failed: torch.Tensor | None = None  # () bool on the device: the draft produced NaN or +inf logits
+    parents: list[int] = None  # each node's parent (-1: the last committed token); a chain's by default
+    expected: float = 0.0  # the draft's own estimate of the tokens the target will accept
+    steps: int = 0  # the draft's forwards (a model's; fewer than its tokens where guesses or a tree's levels saved some)
+
+    def __post_init__(self):
+        if self.parents is None:
+            self.parents = chain(len(self))
+
+    def __len__(self) -> int:
+        return self.tokens.numel()
+
+
+def without(q: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    """q with `tokens` removed and renormalised: the distribution of a draw made after them without replacement."""
+    if not tokens:
+        return q
+    q = q.index_fill(0, upload(tokens, q.device, torch.long), 0.0)
+    return q / q.sum()
+
+
+class Node(NamedTuple):
+    """A drafted tree node."""
+    token: int
+    parent: int  # the parent's index among the nodes (-1: the last committed token)
+    rank: float  # path probability under the draft, the j-th child counted at its parent's j-th largest probability
+    q_row: int  # the row of the distribution it was drawn from (its parent's)
+    sibling: int  # its place among its siblings, in the order drawn
+    chain: bool  # on the chain: every node on its path a first child
+
+
+class Fed(NamedTuple):
+    """The nodes a round fed to the draft's cache, from `start` on: their tokens, and each one's parent's slot
+    among them (-1: the last committed token)."""
+    start: int
+    tokens: list[int]
+    parents: list[int]
+
+
+def children(q: torch.Tensor, logits: torch.Tensor, width: int, cfg, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's `width` children [rows, width], and the probabilities that rank them: the j-th child is ranked
+    at its row's j-th largest probability (under q; greedy, whose q is one-hot: under the draft's softmax)."""
+    ranked = torch.softmax(logits.float(), -1) if cfg.greedy else q
+    top, picks = torch.topk(ranked, width, -1)
+    if width == 1:  # a chain: the argmax, or one draw from q
+        picks = q.argmax(-1, keepdim=True) if cfg.greedy else sample(q, generator)[..., None]
+    elif not cfg.greedy:  # Gumbel top-k: `width` draws without replacement, in the order drawn
+        u = torch.rand(q.shape, generator=generator, device=q.device).clamp_(min=1e-20)
+        picks = torch.topk(torch.where(q > 0, q.log() - (-u.log()).log(), float("-inf")), width, -1).indices
+    return top, picks
+
+
+@dataclass
+class Grown:
+    """A draft as it grows: its nodes, the distributions (q, and the raw logits) of the rows they were drawn from,
+    whether a row failed, and the nodes fed to the draft (by index)."""
+    nodes: list[Node] = field(default_factory=list)
+    qs: list[torch.Tensor] = field(default_factory=list)
+    raw: list[torch.Tensor] = field(default_factory=list)
+    failed: list[torch.Tensor] = field(default_factory=list)
+    fed: list[int] = field(default_factory=list)
+
+    def add_level(self, frontier: list[int], top: torch.Tensor, picks: torch.Tensor) -> list[int]:
+        """The children [len(frontier), width] drawn at the last rows, read in one transfer, as nodes: their indices."""
+        level_read = Transfer()
+        level_read.put("tops", top, floats=True)
+        level_read.put("tokens", picks)
+        tops, tokens = level_read.read().values()
+        level, first_row = [], len(self.qs) - len(frontier)
+        for f, parent in enumerate(frontier):
+            above, on_chain = (1.0, True) if parent < 0 else (self.nodes[parent].rank, self.nodes[parent].chain)
+            for j, (token, prob) in enumerate(zip(tokens[f], tops[f])):
+                if prob <= 0:  # the distribution has fewer tokens than `width`
+                    break
+                self.nodes.append(Node(token, parent, above * prob, first_row + f, j, on_chain and j == 0))
+                level.append(len(self.nodes) - 1)
+        return level
+
+
+class NoDrafter:
+    """Proposes nothing: every round is one plain target step. This is autoregressive decoding."""
+
+    name = "none"
+
+    def start(self, ids):
+        pass
+
+    def propose(self, ids, k, cfg, generator):
+        return Draft(torch.empty(0, dtype=torch.long), None)
+
+    def commit(self, ids):
+        pass

@@ -1,6 +1,7 @@
-"""The plain decoder a laptop user would pick, measured beside ours: llama.cpp decoding the bundled target's own
-GGUF file (Q4_K_M), through the llama-cpp-python package, on the same prompt tokens and threads, writing exactly
-as many tokens as we did (its end of sequence does not stop it), its prompt timed apart from its decoding.
+"""Other engines measured beside ours: transformers' assisted generation (hf_assisted), and the plain decoder a
+laptop user would pick, llama.cpp decoding the bundled target's own GGUF file (Q4_K_M) through the llama-cpp-python
+package, on the same prompt tokens and threads, writing exactly as many tokens as we did (its end of sequence does not
+stop it), its prompt timed apart from its decoding.
 
 The package compiles llama.cpp when installed (minutes), so it is not a requirement of this project:
     CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python
@@ -69,3 +70,36 @@ class LlamaCppPeer:
         decode = seconds - first
         return {"tokens": len(out), "seconds": seconds, "tokens_per_s": len(out) / seconds, "token_ids": out,
                 "prompt_s": first, "decode_tokens_per_s": (len(out) - 1) / decode if decode > 0 else 0.0}
+
+
+ASSISTANT_KEYS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+
+
+def hf_assisted(pair, prompt_ids: list[int], cfg: SpecConfig, constant_k: int = 0) -> dict:
+    """transformers' own assisted generation on the same checkpoints, dtype and settings.
+
+    Its default (transformers 5): up to 20 draft tokens a round, cut short where the draft's own
+    confidence falls below a threshold (0.4, then tuned during the run). constant_k: exactly that many
+    draft tokens a round. transformers reads both from the draft's generation config, not from
+    generate()'s arguments, so that is where they are set (and restored afterwards)."""
+    ids = torch.tensor([prompt_ids], device=pair.device)
+    kwargs = dict(max_new_tokens=cfg.max_new_tokens, assistant_model=pair.draft, eos_token_id=sorted(pair.eos_ids),
+                  pad_token_id=pair.tokenizer.pad_token_id, do_sample=not cfg.greedy)
+    if not cfg.greedy:
+        kwargs.update(temperature=cfg.temperature, top_k=cfg.top_k or None, top_p=cfg.top_p)
+    assistant = pair.draft.generation_config
+    before = {key: getattr(assistant, key, None) for key in ASSISTANT_KEYS}
+    if constant_k:
+        for key, value in zip(ASSISTANT_KEYS, (constant_k, "constant", 0.0)):
+            setattr(assistant, key, value)
+    t0 = time.perf_counter()
+    try:
+        with torch.inference_mode():
+            out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+    finally:
+        for key, value in before.items():
+            setattr(assistant, key, value)
+    seconds = time.perf_counter() - t0
+    tokens = out.shape[1] - ids.shape[1]
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+            "schedule": "constant" if constant_k else "default", "token_ids": out[0, ids.shape[1]:].tolist()}

@@ -29,7 +29,8 @@ from ..events import summarize
 from ..race import race as run_race
 from ..theory import measured_costs, predicted_speedup
 from .costs import costs_by_context, draft_step_table
-from .peer import agreeing
+from .chart import chart
+from .peer import agreeing, hf_assisted
 
 NOT_FLAGS = ("chat", "record_top", "tree_nodes", "guess")  # SpecConfig's fields that are not flags (--tree, --guess: lists)
 STAT_KEYS = ("tokens", "seconds", "tokens_per_s")
@@ -40,39 +41,6 @@ SPEC_KEYS = OWN_KEYS + ("acceptance_rate", "accepted_fraction", "mean_accepted_l
 
 def pick(stats, keys) -> dict:
     return {k: getattr(stats, k) for k in keys}
-
-
-ASSISTANT_KEYS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
-
-
-def hf_assisted(pair, prompt_ids: list[int], cfg: SpecConfig, constant_k: int = 0) -> dict:
-    """transformers' own assisted generation on the same checkpoints, dtype and settings.
-
-    Its default (transformers 5): up to 20 draft tokens a round, cut short where the draft's own
-    confidence falls below a threshold (0.4, then tuned during the run). constant_k: exactly that many
-    draft tokens a round. transformers reads both from the draft's generation config, not from
-    generate()'s arguments, so that is where they are set (and restored afterwards)."""
-    ids = torch.tensor([prompt_ids], device=pair.device)
-    kwargs = dict(max_new_tokens=cfg.max_new_tokens, assistant_model=pair.draft, eos_token_id=sorted(pair.eos_ids),
-                  pad_token_id=pair.tokenizer.pad_token_id, do_sample=not cfg.greedy)
-    if not cfg.greedy:
-        kwargs.update(temperature=cfg.temperature, top_k=cfg.top_k or None, top_p=cfg.top_p)
-    assistant = pair.draft.generation_config
-    before = {key: getattr(assistant, key, None) for key in ASSISTANT_KEYS}
-    if constant_k:
-        for key, value in zip(ASSISTANT_KEYS, (constant_k, "constant", 0.0)):
-            setattr(assistant, key, value)
-    t0 = time.perf_counter()
-    try:
-        with torch.inference_mode():
-            out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
-    finally:
-        for key, value in before.items():
-            setattr(assistant, key, value)
-    seconds = time.perf_counter() - t0
-    tokens = out.shape[1] - ids.shape[1]
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
-            "schedule": "constant" if constant_k else "default", "token_ids": out[0, ids.shape[1]:].tolist()}
 
 
 def run_prediction(ar, spec, cfg) -> float:
@@ -205,40 +173,6 @@ def table(report: dict) -> str:
                    f"{s['race_spec_over_alone_median']:.2f}, speedup {s['race_speedup_median']:.2f}x"
                    if "race_speedup_median" in s else ""))
     return "\n".join(rows)
-
-
-def drafts(settings: dict) -> str:
-    stop = settings.get("min_confidence")
-    return f"K≤{settings['k']} (cut below {stop:g})" if stop else f"K={settings['k']}"
-
-
-def chart(report: dict, path: Path) -> None:
-    """Median speedup over plain decoding per prompt category, for specdec and for transformers."""
-    import plotly.graph_objects as go
-
-    groups: dict[str, list[dict]] = {}
-    for e in report["prompts"]:
-        groups.setdefault(e["category"] or e["id"], []).append(e)
-    cats = list(groups)
-    series = [(f"specdec ({report['settings']['drafter']} drafter)", "#0072b2", lambda e: e["speedup"])]
-    if all("hf_assisted" in e for e in report["prompts"]):
-        series.append(("transformers assisted generation", "#e69f00",
-                       lambda e: e["hf_assisted"]["tokens_per_s"] / e["ar"]["tokens_per_s"]))
-    fig = go.Figure()
-    for name, color, value in series:
-        ys = [statistics.median(value(e) for e in groups[c]) for c in cats]
-        fig.add_bar(name=name, x=cats, y=ys, marker_color=color, text=[f"{y:.2f}×" for y in ys], textposition="outside")
-    fig.add_hline(y=1.0, line_dash="dot", annotation_text="plain decoding")
-    weights = report["target_weights"].split(",")[0]
-    fig.update_layout(title=f"Speedup over plain decoding: {report['pair']} pair, {report['device']}, target {weights}, "
-                            f"{drafts(report['settings'])}, {report['settings']['max_new_tokens']} new tokens",
-                      yaxis_title="speedup (×), median per category", barmode="group", template="plotly_white",
-                      width=1000, height=500, legend=dict(orientation="h", y=-0.15))
-    fig.write_html(path.with_suffix(".html"), include_plotlyjs="cdn")
-    try:
-        fig.write_image(path)
-    except Exception as err:  # kaleido needs a Chrome/Chromium; the HTML chart is always written
-        print(f"PNG chart skipped ({err.__class__.__name__}: {err}); wrote {path.with_suffix('.html')}")
 
 
 def options(argv=None) -> argparse.Namespace:

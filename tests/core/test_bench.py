@@ -8,6 +8,7 @@ import torch
 
 from specdec_core import SpecConfig
 from specdec_core.bench import gpu as gpu_bench
+from specdec_core.bench import peer
 from specdec_core.bench import prompts as bench
 from specdec_core.engine import encode_request
 from specdec_core.models import int8_vnni
@@ -120,9 +121,9 @@ def test_transformers_constant_k_really_drafts_k_tokens(tiny):
     scored, forward = [], pair.target.forward
     pair.target.forward = lambda *a, **kw: scored.append(kw["input_ids"].shape[1]) or forward(*a, **kw)
     try:
-        bench.hf_assisted(pair, ids, cfg, constant_k=3)
+        peer.hf_assisted(pair, ids, cfg, constant_k=3)
         constant, scored[:] = scored[1:], []  # without the prompt pass
-        bench.hf_assisted(pair, ids, cfg)
+        peer.hf_assisted(pair, ids, cfg)
     finally:
         del pair.target.forward
     assert len(constant) > 3 and set(constant[:-2]) == {4} and max(constant) == 4  # k drafts + 1; the end is cut short

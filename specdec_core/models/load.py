@@ -27,7 +27,7 @@ class LoadOptions:
     decoding's on every prompt. "auto" on CPUs: "blocks" for the bundled target where the CPU has AVX-512 VNNI, else
     "int8" (auto_target_quant); the tiny test pair runs as built. "blocks": the bundled target on its GGUF's own
     Q4_K/Q6_K blocks (kquant.py): nothing to convert at start, and fewer bytes read a step. "int8" or "int8:KERNEL"
-    (quant.TokenInt8Linear: vnni, onednn or fbgemm): int8 weights made from the target's values (for the bundled pair,
+    (int8.TokenInt8Linear: vnni, onednn or fbgemm): int8 weights made from the target's values (for the bundled pair,
     once, kept in the cache). "off": the values as loaded, in `dtype` (bfloat16 on most CPUs: near-ties can part the
     two outputs).
     draft_quant: a quantised draft on CPUs (quant_mode: see quant.cheapen_draft). It changes the draft's speed and
@@ -44,7 +44,8 @@ class LoadOptions:
     cache_dir: str | os.PathLike | None = None
 
     def __post_init__(self):
-        from .quant import INT8_KERNELS, QUANT_MODES
+        from .int8 import INT8_KERNELS
+        from .quant import QUANT_MODES
 
         if self.graphs not in ("auto", "off", "inductor", "cudagraphs"):
             raise ValueError(f"graphs must be auto, off, inductor or cudagraphs, got {self.graphs!r}")
@@ -105,7 +106,8 @@ def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOp
 def make_exact(pair: Pair, quant: str, kernel: str, saved: dict, progress: Progress) -> None:
     """The target made exact (the same logits in a step and in a pass): on its blocks, each row's attention as a step
     computes it and every forward written out (step.py), one arithmetic for all; or in int8."""
-    from .quant import TokenInt8Linear, quantise_target
+    from .int8 import TokenInt8Linear
+    from .quant import quantise_target
 
     if quant == "blocks":
         pair.target.set_attn_implementation(ROWS)

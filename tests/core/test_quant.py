@@ -12,7 +12,7 @@ from safetensors import safe_open
 
 from specdec_core import SpecConfig, generate
 from specdec_core.cache import CachedModel, TreeInput
-from specdec_core.models import int4_vnni, int8_vnni, native, quant
+from specdec_core.models import int4_vnni, int8, int8_vnni, native, quant
 from specdec_core.models import step as step_module
 from specdec_core.models.quant import (
     DynamicInt8Linear,
@@ -20,13 +20,13 @@ from specdec_core.models.quant import (
     Int8Linear,
     PackedLinear,
     PrunedHead,
-    TokenInt8Linear,
     can_pack,
     cheapen_draft,
     pack_linears,
     quantise_target,
     replace_linears,
 )
+from specdec_core.models.int8 import TokenInt8Linear
 from specdec_core.models.step import DecodeStep
 
 from ..conftest import with_eos
@@ -53,7 +53,7 @@ def test_int8_weights_are_torchs_per_channel_quantisation():
     w[0, :6] = torch.tensor([127.0, 0.5, 1.5, 2.5, -0.5, -2.5]) * 2 ** -10  # the row's scale is 2^-10: exact ties
     lin = torch.nn.Linear(896, 4864, bias=False)
     lin.weight.data = w
-    qweight, scale = quant.int8_weights(lin, None)
+    qweight, scale = int8.int8_weights(lin, None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         want = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8).int_repr()
@@ -241,8 +241,8 @@ def int8_kernel(request, monkeypatch):
     """Each int8 target test runs with each kernel as the default, whatever this CPU has (ours needs AVX-512 VNNI)."""
     if request.param == "vnni" and int8_vnni.library()[0] is None:
         pytest.skip(f"the int8 kernel of our own cannot run here: {int8_vnni.library()[1]}")
-    monkeypatch.setattr(quant, "amx_int8", lambda: request.param == "onednn")
-    monkeypatch.setattr(quant, "vnni_fits", lambda in_features: request.param == "vnni")
+    monkeypatch.setattr(int8, "amx_int8", lambda: request.param == "onednn")
+    monkeypatch.setattr(int8, "vnni_fits", lambda in_features: request.param == "vnni")
     return request.param
 
 
@@ -294,7 +294,7 @@ def test_token_int8_rows_do_not_depend_on_the_other_rows(int8_kernel):
 def test_where_ours_cannot_be_built_the_int8_target_keeps_fbgemm_and_says_why(monkeypatch, tmp_path):
     monkeypatch.setattr(native, "cpu_flags", lambda: set(int8_vnni.NEEDS))
     monkeypatch.setattr(native.platform, "machine", lambda: "x86_64")
-    monkeypatch.setattr(quant, "amx_int8", lambda: False)
+    monkeypatch.setattr(int8, "amx_int8", lambda: False)
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     lin, x = torch.nn.Linear(64, 32), torch.randn(5, 64)
     try:
@@ -334,25 +334,25 @@ def test_onednn_is_the_default_only_where_amx_tiles_are_there_and_not_capped(mon
             monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
         else:
             monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
-        quant.amx_int8.cache_clear()
-        assert quant.amx_int8() == expected, cap
-    quant.amx_int8.cache_clear()
+        int8.amx_int8.cache_clear()
+        assert int8.amx_int8() == expected, cap
+    int8.amx_int8.cache_clear()
 
 
 def test_an_onednn_product_whose_rows_depend_on_their_number_leaves_the_layer_to_fbgemm(monkeypatch):
-    """The probe (quant.onednn_rows_agree): where oneDNN's rows differ with the rows beside them (here a stand-in
+    """The probe (int8.onednn_rows_agree): where oneDNN's rows differ with the rows beside them (here a stand-in
     that adds a trace of the row count), the layer takes fbgemm, and stays exact."""
     real = torch.ops.onednn.qlinear_pointwise
-    monkeypatch.setattr(quant, "_int8_agrees", {})
+    monkeypatch.setattr(int8, "_int8_agrees", {})
     monkeypatch.setattr(torch.ops.onednn, "qlinear_pointwise", lambda q, *args: real(q, *args) * (1 + 1e-6 * len(q)))
     torch.manual_seed(0)
     lin, x = torch.nn.Linear(64, 48), torch.randn(9, 64)
     with torch.no_grad():
         layer = TokenInt8Linear(lin, kernel="onednn")
-        assert layer.kernel == "fbgemm" and quant._int8_agrees == {(64, 48): False}
+        assert layer.kernel == "fbgemm" and int8._int8_agrees == {(64, 48): False}
         assert torch.equal(layer(x), torch.cat([layer(x[i: i + 1]) for i in range(9)]))
         monkeypatch.setattr(torch.ops.onednn, "qlinear_pointwise", real)
-        monkeypatch.setattr(quant, "_int8_agrees", {})
+        monkeypatch.setattr(int8, "_int8_agrees", {})
         assert TokenInt8Linear(lin, kernel="onednn").kernel == "onednn"
 
 
@@ -605,7 +605,7 @@ def test_the_kernels_can_be_turned_off_and_the_fallbacks_run(monkeypatch, tmp_pa
         for library in libraries:
             assert library() == (None, "turned off by SPECDEC_KERNELS=off")
         assert not (tmp_path / "kernels").exists()
-        assert quant.TokenInt8Linear(torch.nn.Linear(64, 32)).kernel in ("fbgemm", "onednn")
+        assert int8.TokenInt8Linear(torch.nn.Linear(64, 32)).kernel in ("fbgemm", "onednn")
         assert quant.Int4Linear(torch.nn.Linear(64, 32).bfloat16()).tiles is None
     finally:
         for library in libraries:

@@ -486,25 +486,29 @@ def test_where_the_int4_kernel_cannot_be_built_the_draft_keeps_pytorchs_and_says
         int4_vnni.library.cache_clear()
 
 
-def test_the_draft_steps_small_operations_are_pytorchs_up_to_rounding():
-    """step_ops.c against the PyTorch it replaces: each result within one bfloat16 rounding of PyTorch's in float32."""
-    lib, bf = step_module.ops(), torch.bfloat16
+@pytest.mark.parametrize("suffix, bf", [("", torch.bfloat16), ("_f32", torch.float32)])  # the draft's set, the target's
+def test_the_written_forwards_small_operations_are_pytorchs_up_to_rounding(suffix, bf):
+    """step_ops.c against the PyTorch it replaces: each result within one rounding of PyTorch's in float32 (bfloat16's
+    for the draft's set; float32's, and the activation's polynomial, for the target's)."""
+    lib = step_module.ops()
     if lib is None:
         pytest.skip("step_ops.c cannot be built here (a warning said why)")
+    add_norm, silu_mul, rotate_write = (getattr(lib, name + suffix) for name in ("add_norm", "silu_mul", "rotate_write"))
     g = torch.Generator().manual_seed(0)
-    close = lambda mine, ref: torch.allclose(mine.float(), ref, rtol=2 ** -7, atol=1e-6)
+    rtol = 2 ** -7 if bf == torch.bfloat16 else 1e-5
+    close = lambda mine, ref: torch.allclose(mine.float(), ref, rtol=rtol, atol=1e-6)
     n, dim, inter = 3, 96, 160
     h = torch.randn(n, dim, generator=g) * 3
     add, weight = (torch.randn(n, dim, generator=g) * 5).to(bf), (torch.rand(dim, generator=g) + 0.5).to(bf)
     out, summed = torch.empty(n, dim, dtype=bf), h + add.float()
-    lib.add_norm(h.data_ptr(), add.data_ptr(), weight.data_ptr(), n, dim, 1e-6, out.data_ptr())
+    add_norm(h.data_ptr(), add.data_ptr(), weight.data_ptr(), n, dim, 1e-6, out.data_ptr())
     assert torch.allclose(h, summed) and close(out, F.rms_norm(summed, (dim,), weight.float(), 1e-6))
-    lib.add_norm(h.data_ptr(), None, weight.data_ptr(), n, dim, 1e-6, out.data_ptr())  # nothing to add
+    add_norm(h.data_ptr(), None, weight.data_ptr(), n, dim, 1e-6, out.data_ptr())  # nothing to add
     assert torch.allclose(h, summed) and close(out, F.rms_norm(summed, (dim,), weight.float(), 1e-6))
     # silu over the range where its exponential matters, and far out on both sides
     gate_up = torch.cat([torch.linspace(-30, 30, n * inter).view(n, inter), torch.randn(n, inter, generator=g)], 1).to(bf)
     act = torch.empty(n, inter, dtype=bf)
-    lib.silu_mul(gate_up.data_ptr(), n, inter, act.data_ptr())
+    silu_mul(gate_up.data_ptr(), n, inter, act.data_ptr())
     gate, up = gate_up.float().chunk(2, -1)
     assert close(act, F.silu(gate) * up)
     # two heads of queries and one of keys and values, rotated by positions 5, 6, 7 into a cache holding 5 of 9
@@ -513,7 +517,7 @@ def test_the_draft_steps_small_operations_are_pytorchs_up_to_rounding():
     angle = torch.arange(length, length + n)[:, None] * (10000 ** -(torch.arange(d // 2) / (d // 2)))
     cos, sin = torch.cat([angle.cos()] * 2, -1).contiguous(), torch.cat([angle.sin()] * 2, -1).contiguous()
     q, keys, values = torch.empty(heads, n, d, dtype=bf), torch.zeros(kv, room, d, dtype=bf), torch.zeros(kv, room, d, dtype=bf)
-    lib.rotate_write(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), n, heads, kv, d, q.data_ptr(), keys.data_ptr(),
+    rotate_write(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), n, heads, kv, d, q.data_ptr(), keys.data_ptr(),
                      values.data_ptr(), room, length)
     x = qkv.float().view(n, heads + 2 * kv, d).transpose(0, 1)
     rotated = x * cos + torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1) * sin

@@ -164,14 +164,16 @@ def test_the_written_out_int4_draft_steps_samples_follow_the_target(toy_pair):
     draft = cheapen_draft(Qwen2ForCausalLM(cfg).eval().to(torch.bfloat16))
     step, taken = DecodeStep(draft), []
 
-    def spy(*args):
-        logits = step(*args)
-        taken.append(logits is not None)
+    def spy(ids, cache, length, keep, tree=None, prompt=False):
+        logits = step(ids, cache, length, keep, tree, prompt)
+        taken.append((tree is not None or prompt, logits is not None))
         return logits
     spy.model = draft  # Pair.cached gives a model the steps made for it
     pair = dataclasses.replace(toy_pair, draft=draft, steps={"draft": spy})
     assert DecodeStep.fits(draft) and p_value(pair, CFG) > 1e-3
-    assert sum(taken) > SAMPLES and all(taken)  # every draft step after a prompt went through it
+    steps = [took for general_forward, took in taken if not general_forward]
+    assert len(steps) > SAMPLES and all(steps)  # every draft step after a prompt went through it
+    assert not any(took for general_forward, took in taken if general_forward)  # prompts took the general forward
 
 
 def test_a_wrong_residual_is_detected(toy_pair, monkeypatch):

@@ -29,6 +29,13 @@ def checked_caches(monkeypatch):
     monkeypatch.setattr(CachedModel, "check", full_check)
 
 
+@pytest.fixture
+def uncompiled(monkeypatch):
+    """The compiled path (static caches, padded inputs, the fallback) with the model's own forward as its compiled
+    step: what it runs is this project's, not dynamo's tracing, which the slow tier compiles for real (seconds)."""
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: fn)
+
+
 @pytest.fixture(scope="session")
 def tiny_set():
     """The tiny target with three drafts: itself, a perturbed copy, an unrelated random model."""

@@ -33,7 +33,9 @@ def runs(pair):
 
 
 @pytest.mark.parametrize("backend", [pytest.param("eager", marks=pytest.mark.slow), None])  # None: steps uncompiled
-def test_static_caches_decode_the_same_tokens(fresh_pair, backend):
+def test_static_caches_decode_the_same_tokens(fresh_pair, backend, request):
+    if backend is None:
+        request.getfixturevalue("uncompiled")
     before = runs(fresh_pair)
     enable_graphs(fresh_pair, backend or "eager", max_len=256)
     if backend is None:
@@ -42,7 +44,7 @@ def test_static_caches_decode_the_same_tokens(fresh_pair, backend):
     assert fresh_pair.context_length == 256 - 32
 
 
-def test_interleaved_decoders_get_their_own_cache(fresh_pair):
+def test_interleaved_decoders_get_their_own_cache(fresh_pair, uncompiled):
     cfg = SpecConfig(k=4, max_new_tokens=30)
     alone = [generate(fresh_pair, "race", cfg, m).token_ids for m in ("speculative", "autoregressive")]
     enable_graphs(fresh_pair, "eager", max_len=256)
@@ -59,7 +61,7 @@ def test_interleaved_decoders_get_their_own_cache(fresh_pair):
     assert len(fresh_pair.compiled["target"].free) == 2  # both caches back in the pool, none leaked
 
 
-def test_a_failing_compiled_step_falls_back_without_changing_output(fresh_pair):
+def test_a_failing_compiled_step_falls_back_without_changing_output(fresh_pair, uncompiled):
     cfg = SpecConfig(k=4, max_new_tokens=30)
     before = generate(fresh_pair, "fallback", cfg).token_ids
     enable_graphs(fresh_pair, "eager", max_len=256)

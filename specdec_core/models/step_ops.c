@@ -49,8 +49,8 @@ static inline float from_f32(float v) { return v; }
 static inline float to_f32(float f) { return f; }
 
 /* h [n][dim] float32 += add [n][dim] (NULL: nothing to add); out [n][dim] = rmsnorm(h) * weight */
-#define ADD_NORM(name, T, W, from, to, wfrom)                                                                         \
-void name(float* h, const T* add, const W* weight, int n, int dim, float eps, T* out) {                             \
+#define ADD_NORM(name, T, from, to)                                                                                 \
+void name(float* h, const T* add, const T* weight, int n, int dim, float eps, T* out) {                             \
     for (int r = 0; r < n; r++) {                                                                                    \
         float* row = h + (size_t)r * dim;                                                                            \
         float sum = 0.f;                                                                                             \
@@ -60,7 +60,7 @@ void name(float* h, const T* add, const W* weight, int n, int dim, float eps, T*
         }                                                                                                            \
         for (int i = 0; i < dim; i++) sum += row[i] * row[i];                                                        \
         float inv = 1.f / sqrtf(sum / dim + eps);                                                                    \
-        for (int i = 0; i < dim; i++) out[(size_t)r * dim + i] = to(row[i] * inv * wfrom(weight[i]));               \
+        for (int i = 0; i < dim; i++) out[(size_t)r * dim + i] = to(row[i] * inv * from(weight[i]));               \
     }                                                                                                                \
 }
 
@@ -103,9 +103,9 @@ void name(const T* gate_up, int n, int inter, T* out) {                         
     }                                                                                                                \
 }
 
-ADD_NORM(add_norm, uint16_t, uint16_t, from_bf16, to_bf16, from_bf16)
+ADD_NORM(add_norm, uint16_t, from_bf16, to_bf16)
 ROTATE_WRITE(rotate_write, uint16_t, from_bf16, to_bf16)
 SILU_MUL(silu_mul, uint16_t, from_bf16, to_bf16)
-ADD_NORM(add_norm_f32, float, float, from_f32, to_f32, from_f32)
+ADD_NORM(add_norm_f32, float, from_f32, to_f32)
 ROTATE_WRITE(rotate_write_f32, float, from_f32, to_f32)
 SILU_MUL(silu_mul_f32, float, from_f32, to_f32)

@@ -11,7 +11,8 @@ shapes) and each way of running decoding steps (--graphs: off, or compiled with 
 - plain decoding through the engine, and whether greedy speculative output is identical to it;
 - SIMULATED ACCEPTANCE. Random models never agree, so the target's verdict is replaced by a draw in
   which every drafted token is accepted with probability a. Drafting, the verification pass, the
-  caches and their rollback are all real; only the accept/reject outcome is drawn. Measured
+  caches and their rollback are all real; only the accept/reject outcome is drawn. Each round drafts
+  k tokens (no cut on the random draft's confidence), as the prediction assumes. Measured
   tokens/s against what the cost model predicts from the measured c and verify cost, at each a,
   and at the acceptance rates the bundled pair really had per prompt (--acceptance-from: a CPU
   bench JSON);
@@ -110,7 +111,8 @@ def measure(pair, args, graphs: str, attention: str, accepts: dict[str, float], 
     passes = {n: ms[n] / step for n in PASS_SIZES}
     compile_s = time.perf_counter() - t0
     c = draft_step / step
-    cfg = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens)
+    # no cut on the draft's confidence: a random draft's is always low, and the drawn verdicts ignore it
+    cfg = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens, min_confidence=0.0)
     prompt = list(range(1, args.context))
     generate(pair, prompt, dataclasses.replace(cfg, max_new_tokens=8))  # the remaining shapes, compiled now
     plain, plain_events = decode_rate(autoregressive_generate(pair, prompt, cfg))

@@ -1,6 +1,7 @@
 """load_pair: the bundled offline pair, a tiny random pair, or hub ids / local directories."""
 from __future__ import annotations
 
+import bisect
 import ctypes
 import os
 from dataclasses import dataclass
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ..cache import PADDED_SIZES, CompiledForward
+from ..config import MAX_GUESS
 from ..messages import Note, Refusal
 from .attention import GROUPED, ROWS
 from .kquant import library as kquant_library
@@ -210,8 +212,10 @@ def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | N
     if pair.target.config._attn_implementation == ROWS:
         raise Refusal("graphs_rows")
 
-    # a default round scores up to SpecConfig().k + 1 tokens (padded to 32); a draft step feeds one or two
-    for role, model, sizes in (("target", pair.target, PADDED_SIZES), ("draft", pair.draft, PADDED_SIZES[:2])):
+    # a default round scores up to SpecConfig().k + 1 tokens (padded to 32); a draft step feeds one or two tokens
+    # and up to MAX_GUESS guesses behind them
+    draft_sizes = PADDED_SIZES[: bisect.bisect_left(PADDED_SIZES, 2 + MAX_GUESS) + 1]
+    for role, model, sizes in (("target", pair.target, PADDED_SIZES), ("draft", pair.draft, draft_sizes)):
         if model is None:
             continue
         model.set_attn_implementation(GROUPED if attention == "grouped" else "sdpa")

@@ -57,7 +57,7 @@ def test_gpu_bench_runs_on_a_small_shape(tmp_path):
     # "eager": the compiled-step path (static caches, padded sizes, dynamo) without a compiler backend
     report = gpu_bench.main(["--shapes", "tiny", "--device", "cpu", "--dtype", "float32", "--context", "32",
                              "--max-new-tokens", "24", "--graphs", "off,eager", "--attention", "sdpa,grouped",
-                             "--accept", "0.5,0.9",
+                             "--accept", "0.5,0.9", "--k", "4",
                              "--acceptance-from", str(cpu_run), "--json", str(tmp_path / "gpu.json")])
     assert [(v["graphs"], v["attention"]) for v in report["variants"]] == [
         ("off", "sdpa"), ("off", "grouped"), ("eager", "sdpa"), ("eager", "grouped")]  # the GPU run's variants
@@ -68,6 +68,9 @@ def test_gpu_bench_runs_on_a_small_shape(tmp_path):
         assert list(runs) == ["a=0.5", "a=0.9", "code"] and runs["code"]["a"] == 0.7
         # the drawn verdicts really steer the rounds: more accepted per round at a higher a
         assert runs["a=0.5"]["accepted_per_round"] < runs["a=0.9"]["accepted_per_round"] <= 4
+        # and each round drafts the k tokens the prediction assumes (0.9 + 0.9² + 0.9³ + 0.9⁴ = 3.1 accepted a round),
+        # not as few as a random draft's confidence would leave it (the cut: one, so about 0.9)
+        assert runs["a=0.9"]["accepted_per_round"] > 2
         assert all(r["tokens_per_s"] > 0 and r["predicted_tokens_per_s"] > 0 for r in runs.values())
         assert v["race"]["a"] == 0.9 and v["race"]["speedup"] > 0
         for n, tree in v["trees"].items():  # 1 + 3 tokens a round for 5 draft forwards and a pass of n + 1

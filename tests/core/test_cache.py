@@ -75,6 +75,29 @@ def test_a_failing_compiled_step_falls_back_without_changing_output(fresh_pair, 
         assert generate(fresh_pair, "fallback", cfg).token_ids == before
 
 
+def test_a_default_run_uses_only_the_sizes_compiled_at_load(fresh_pair, monkeypatch):
+    """On a GPU a size first met mid-run compiles there (a 7B-shaped target: minutes of a race): enable_graphs warms
+    every padded size a default round feeds each model, a draft step's guesses included."""
+    fed = {}
+
+    def recording(fn, **options):
+        def step(**kwargs):
+            fed.setdefault(fn.__self__, set()).add(kwargs["input_ids"].shape[1])
+            return fn(**kwargs)
+        return step
+
+    monkeypatch.setattr(torch, "compile", recording)
+    enable_graphs(fresh_pair, "eager", max_len=512)
+    warmed = {model: set(sizes) for model, sizes in fed.items()}
+    fed.clear()
+    prompt = "a b c a b c a b c a b c"  # repeats, so that the draft's steps carry guesses
+    generate(fresh_pair, prompt, SpecConfig(max_new_tokens=60))
+    generate(fresh_pair, prompt, SpecConfig(max_new_tokens=60, min_confidence=0.0))
+    assert fed[fresh_pair.draft] - {1, 2}, "no draft step carried a guess: the test did not run its case"
+    for model, sizes in fed.items():
+        assert sizes <= warmed[model], (model.__class__.__name__, sorted(sizes - warmed[model]))
+
+
 @pytest.mark.slow  # static caches through dynamo (seconds of tracing)
 def test_static_cache_refuses_to_overflow(fresh_pair):
     enable_graphs(fresh_pair, "eager", max_len=96)

@@ -10,13 +10,13 @@ from gguf import GGUFWriter
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specdec_core import SpecConfig, generate
-from specdec_core.models import Pair, gguf_model, kquant
 from specdec_core.cache import CachedModel, TreeInput
+from specdec_core.models import Pair, gguf_model, kquant
 from specdec_core.models.attention import ROWS
 from specdec_core.models.step import DecodeStep
 
 from ...conftest import FLAT_COSTS
-from ..test_quant import logits_alone_and_in_a_pass
+from .test_int8 import logits_alone_and_in_a_pass
 
 GGUF_NAMES = {v: k for k, v in gguf_model.HF_NAMES.items()}
 Q6 = ("attn_v", "ffn_down")  # as in a Q4_K_M file: these in Q6_K (with the head), the rest in Q4_K

@@ -6,8 +6,9 @@ import threading
 import time
 
 import pytest
+import torch
 
-from specdec_core.models import int4_vnni, int8_vnni, kquant, native, step
+from specdec_core.models import int4_vnni, int8, int8_vnni, kquant, native, quant, step
 
 KERNELS = {"int8": int8_vnni.FLAGS, "int4": int4_vnni.FLAGS, "step": step.FLAGS,
            "kquant": kquant.COMMON + native.AVX512_VNNI_FLAGS}
@@ -62,3 +63,48 @@ def test_two_processes_build_one_after_the_other(monkeypatch, tmp_path):
     worker.join(60)
     assert done and done[0][0] is not None
     assert os.path.exists(folder / ".lock")
+
+
+def test_a_kernel_built_from_another_source_or_with_other_flags_leaves_the_other_builds(monkeypatch, tmp_path):
+    """A cache may be shared by versions of the code and CPUs: a build never removes another build's file."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    source = tmp_path / "kernel.c"
+    for version, flags in ((1, ["-O1"]), (2, ["-O1"]), (2, ["-O2"]), (1, ["-O1"])):
+        source.write_text(f"int version(void) {{ return {version}; }}")
+        lib, why = native.build(source, [*flags, "-shared", "-fPIC"])
+        assert why == "" and lib.version() == version
+    assert len(list((tmp_path / "kernels").glob("kernel-*.so"))) == 3
+
+
+def test_the_kernels_wrappers_refuse_rows_of_another_shape_or_type():
+    """A ctypes call reads what it is given: rows of another width would be read past their end."""
+    if int4_vnni.library()[0] is None or int8_vnni.library()[0] is None:
+        pytest.skip("our int4 and int8 products cannot be built here")
+    int4 = quant.Int4Linear(torch.nn.Linear(64, 32).bfloat16(), kernel="vnni")
+    with pytest.raises(ValueError, match="bfloat16 rows of 64"):
+        int4.matmul(torch.randn(2, 128).bfloat16())
+    with pytest.raises(ValueError, match="bfloat16 rows of 64"):
+        int4_vnni.product(int4.tiles, torch.randn(2, 64), 32, 64)
+    int8 = int8_vnni.Int8Product(torch.ones(32, 64, dtype=torch.int8), torch.ones(32, dtype=torch.float64), None)
+    with pytest.raises(ValueError, match="float32 rows of 64"):
+        int8(torch.randn(2, 96))
+
+
+def test_the_kernels_can_be_turned_off_and_the_fallbacks_run(monkeypatch, tmp_path):
+    """SPECDEC_KERNELS=off: none of ours is built or loaded; the int8 target and the int4 draft keep PyTorch's."""
+    from specdec_core.models import kquant
+
+    monkeypatch.setenv("SPECDEC_KERNELS", "off")
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    libraries = (int8_vnni.library, int4_vnni.library, kquant.library)
+    for library in libraries:
+        library.cache_clear()
+    try:
+        for library in libraries:
+            assert library() == (None, "turned off by SPECDEC_KERNELS=off")
+        assert not (tmp_path / "kernels").exists()
+        assert int8.TokenInt8Linear(torch.nn.Linear(64, 32)).kernel in ("fbgemm", "onednn")
+        assert quant.Int4Linear(torch.nn.Linear(64, 32).bfloat16()).tiles is None
+    finally:
+        for library in libraries:
+            library.cache_clear()

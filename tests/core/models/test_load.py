@@ -7,7 +7,7 @@ from specdec_core import SpecConfig, generate, load_pair
 from specdec_core.models import pick_device, pick_dtype
 from specdec_core.models.tiny import tiny_config, tiny_models, tiny_tokenizer
 
-from ..conftest import with_eos
+from ...conftest import with_eos
 
 
 @pytest.fixture(scope="module")

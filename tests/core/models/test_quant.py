@@ -1,0 +1,248 @@
+"""The draft's layers (int4, mixed int8, packed, pruned head) and the weights kept in the cache (models/quant.py)."""
+import copy
+import dataclasses
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from specdec_core import SpecConfig, generate
+from specdec_core.models import int4_vnni, native, quant
+from specdec_core.models.quant import (
+    DynamicInt8Linear, Int4Linear, Int8Linear, PackedLinear, PrunedHead, can_pack, cheapen_draft, pack_linears)
+
+from ...conftest import with_eos
+
+
+def test_int8_linear_is_close_to_the_original():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 32)
+    x = torch.randn(3, 64)
+    q = Int8Linear(lin)
+    assert q.weight.dtype == torch.int8 and q.scales.shape == (32,)
+    err = (q(x) - lin(x)).abs().max() / lin(x).abs().max()
+    assert 0 < err < 0.02
+
+
+INT4_KERNELS = ("torch", "vnni")  # Int4Linear's: ours where it runs, else PyTorch's
+
+
+@pytest.fixture(params=INT4_KERNELS)
+def int4_kernel(request):
+    if request.param == "vnni" and int4_vnni.library()[0] is None:
+        pytest.skip(f"the int4 kernel of our own cannot run here: {int4_vnni.library()[1]}")
+    return request.param
+
+
+def test_int4_linear_is_close_and_exact_on_4bit_blocks(int4_kernel):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 32)
+    x = torch.randn(3, 64)
+    q = Int4Linear(lin, kernel=int4_kernel)
+    if int4_kernel == "torch":
+        assert q.packed.dtype == torch.uint8 and q.scales.shape == (2, 32, 2)  # [in / 32, out, scale and zero]
+    else:
+        assert q.tiles.shape == (8, 1, 320) and q.packed is None  # 4 outputs and 128 inputs (64, padded) a tile
+    err = (q(x) - lin(x)).abs().max() / lin(x).abs().max()
+    assert 0 < err < 0.1
+    # weights that already sit on 16 levels per block of 32 (as GGUF's Q4_K blocks do) are kept exactly; ours
+    # rounds the activations to int8 per block of 32 as well
+    levels = torch.randint(0, 16, (32, 64)).float()
+    levels[:, ::32], levels[:, 1::32] = 0, 15  # every block spans all 16 levels
+    step, low = (torch.rand(32, 2, 1) * 0.1 + 0.01).half().float(), torch.randn(32, 2, 1).half().float()
+    lin.weight.data = (levels.view(32, 2, 32) * step + low).view(32, 64)
+    x = x.bfloat16().float()
+    if int4_kernel == "torch":
+        torch.testing.assert_close(Int4Linear(lin, kernel=int4_kernel)(x), lin(x), rtol=1e-4, atol=1e-4)
+    else:
+        torch.testing.assert_close(Int4Linear(lin, kernel=int4_kernel)(x), int4_reference(lin, x), rtol=1e-2, atol=1e-3)
+
+
+def int4_reference(lin: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """What int4_vnni.c computes from weights on 16 levels a block, in PyTorch: each row rounded to int8 per block
+    of 32 inputs against the block's largest magnitude (in float32), then multiplied by the weights in float64."""
+    blocks = x.float().view(len(x), -1, 32)
+    top = blocks.abs().amax(-1, keepdim=True)
+    inv = torch.where(top > 0, 127 / top, 0.0)  # in float32, as the kernel rounds
+    rounded = (torch.round(blocks * inv).double() * (top / 127).double()).view_as(x)
+    bias = 0 if lin.bias is None else lin.bias.double()
+    return (rounded @ lin.weight.double().T + bias).detach().bfloat16().float()
+
+
+def test_the_int4_vnni_product_is_the_reference_arithmetic_for_any_number_of_rows():
+    """Padded shapes (outputs not a multiple of 4, inputs not of 128) and up to 17 rows, against the reference: every
+    row also alone, with the same bits (the draft's guesses and tree levels come in passes of several rows)."""
+    if int4_vnni.library()[0] is None:
+        pytest.skip(f"the int4 kernel of our own cannot run here: {int4_vnni.library()[1]}")
+    g = torch.Generator().manual_seed(1)
+    for n, k in ((36, 96), (259, 160), (64, 896)):
+        levels = torch.randint(0, 16, (n, k // 32, 32), generator=g).double()
+        levels[..., 0], levels[..., 1] = 0, 15  # every block spans all 16 levels: quantised again, it stays
+        step = (torch.rand(n, k // 32, 1, generator=g) * 0.1 + 0.01).half().double()
+        low = torch.randn(n, k // 32, 1, generator=g).half().double()
+        lin = torch.nn.Linear(k, n, bias=False)
+        lin.weight.data = (levels * step + low).view(n, k).float()
+        q = Int4Linear(lin, kernel="vnni")
+        for rows in (1, 2, 5, 8, 9, 17):
+            x = torch.randn(rows, k, generator=g).bfloat16()
+            x[0, :32] = 0  # a block of zeros
+            with torch.no_grad():
+                y = q(x)
+            assert y.dtype == torch.bfloat16
+            ref, size = int4_reference(lin, x.float()), x.float().abs() @ lin.weight.abs().T  # size: no cancellation
+            assert ((y.float() - ref).abs() <= 8e-3 * ref.abs() + 1e-3 * size).all()  # bfloat16 out, float32 sums
+            assert torch.equal(y, torch.cat([q(x[i: i + 1]) for i in range(rows)]))
+
+
+def test_int4_mode_falls_back_to_mixed_int8_where_the_kernel_does_not_fit(tiny):
+    draft = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16))
+    assert isinstance(draft.model.layers[0].mlp.down_proj, Int4Linear)
+    assert isinstance(draft.model.layers[0].self_attn.k_proj, Int4Linear)
+    assert isinstance(draft.lm_head, DynamicInt8Linear)  # 259 rows: the int4 kernel wants a multiple of 16
+    fp32 = cheapen_draft(copy.deepcopy(tiny.draft).float())  # the int4 kernel is slow with float32: as "mixed"
+    assert type(fp32.model.layers[0].mlp.down_proj) is torch.nn.Linear
+    assert isinstance(fp32.model.layers[0].mlp.up_proj, DynamicInt8Linear)
+    with torch.inference_mode():
+        out = draft(torch.tensor([[5, 9, 33]])).logits
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+
+
+def test_pruned_head_masks_the_tail():
+    head = torch.nn.Linear(8, 10, bias=False)
+    pruned = PrunedHead(head, keep=6, vocab=10)
+    out = pruned(torch.randn(2, 8))
+    assert out.shape == (2, 10) and torch.isinf(out[:, 6:]).all() and torch.isfinite(out[:, :6]).all()
+    assert pruned.weight.shape[0] == 10
+
+
+def test_cheapened_draft_stays_lossless(tiny):
+    pair = with_eos(tiny, [])
+    cheap = dataclasses.replace(pair, draft=cheapen_draft(copy.deepcopy(pair.draft), keep_vocab=128))
+    cfg = SpecConfig(k=4, max_new_tokens=40)
+    out = generate(cheap, "hello there", cfg)
+    assert out.token_ids == generate(pair, "hello there", cfg, "autoregressive").token_ids
+    assert all(t < 128 for e in out.events for t in e.drafted)  # the pruned head never proposes the tail
+    sampled = generate(cheap, "hello there", SpecConfig(k=4, max_new_tokens=40, temperature=1.0, seed=3))
+    assert len(sampled.token_ids) == 40
+
+
+def test_packed_linears_give_the_same_logits(tiny):
+    model = copy.deepcopy(tiny.target).to(torch.bfloat16)
+    if not can_pack(model):
+        pytest.fail("oneDNN is not available in this torch build")
+    ids = torch.tensor([[5, 9, 33, 101, 7]])
+    with torch.inference_mode():
+        before = model(ids).logits
+        pack_linears(model)
+        after = model(ids).logits
+    assert any(isinstance(m, PackedLinear) for m in model.modules())
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+
+
+def test_the_mixed_int8_draft_keeps_down_proj_weight_only(tiny):
+    draft = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16), mode="mixed")
+    kinds = {name.rsplit(".", 1)[-1]: type(m) for name, m in draft.named_modules()
+             if isinstance(m, (Int8Linear, DynamicInt8Linear))}
+    assert kinds["down_proj"] is Int8Linear and kinds["gate_proj"] is DynamicInt8Linear
+    assert kinds["lm_head"] is DynamicInt8Linear
+    fp32 = cheapen_draft(copy.deepcopy(tiny.draft).float(), mode="mixed")  # the weight-only kernel is slow in float32
+    assert type(fp32.model.layers[0].mlp.down_proj) is torch.nn.Linear
+    assert isinstance(fp32.model.layers[0].mlp.up_proj, DynamicInt8Linear)
+    with pytest.raises(ValueError, match="one of int4, mixed"):  # the int8-everywhere variants are gone
+        cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16), mode="dynamic")
+    with torch.inference_mode():
+        out = draft(torch.tensor([[5, 9, 33]])).logits
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["int4", "mixed"])
+def test_saved_draft_is_the_same_draft_and_stale_files_are_rebuilt(tiny, tmp_path, dtype, mode):
+    x = torch.tensor([[5, 17, 42, 99, 7, 8, 9, 10, 11, 12]])  # 10 rows: int4 layers take their int8 twin
+    path = tmp_path / f"draft-{mode}.safetensors"
+    fresh = cheapen_draft(copy.deepcopy(tiny.draft).to(dtype), mode=mode, saved=path, source="weights v1")
+    assert path.exists()
+    for damage in (None, "other source", "other mode", "corrupt"):
+        if damage == "corrupt":
+            path.write_bytes(b"not a safetensors file")
+        if damage == "other mode":  # a file of the other mode under this name is rebuilt, not misread
+            cheapen_draft(copy.deepcopy(tiny.draft).to(dtype), mode="int4" if mode == "mixed" else "mixed", saved=path,
+                          source="weights v1")
+        reloaded = cheapen_draft(copy.deepcopy(tiny.draft).to(dtype), mode=mode, saved=path,
+                                 source="weights v2" if damage == "other source" else "weights v1")
+        with torch.inference_mode():
+            assert torch.equal(fresh(x).logits, reloaded(x).logits)
+    with safe_open(str(path), "pt") as f:  # the last load rewrote the file in this mode
+        assert f.metadata()["source"].startswith(f"weights v1\n{mode}")
+        twins = [key for key in f.keys() if "wide" in key]
+    int4 = dtype == torch.bfloat16 and mode == "int4"
+    assert bool(twins) == int4 and all(":wide." in key for key in twins)  # saved once, with the int4 layer
+
+
+def test_int4_products_of_many_rows_take_the_int8_twin():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 32).to(torch.bfloat16)
+    q = Int4Linear(lin, wide=True)
+    assert Int4Linear(lin).wide is None
+    for rows in (Int4Linear.WIDE - 1, Int4Linear.WIDE, 70):
+        x = torch.randn(rows, 64, dtype=torch.bfloat16)
+        y = q(x)
+        assert y.dtype == torch.bfloat16
+        int4 = q.matmul(x) + q.bias
+        assert torch.equal(y, int4) == (rows < Int4Linear.WIDE)  # a step's few rows stay int4
+        if rows >= Int4Linear.WIDE:
+            assert torch.equal(y, q.wide(x))
+        assert ((y - lin(x)).float().abs().max() / lin(x).float().abs().max()) < 0.1
+
+
+def test_where_the_int4_kernel_cannot_be_built_the_draft_keeps_pytorchs_and_says_why(monkeypatch, tmp_path):
+    monkeypatch.setattr(native, "cpu_flags", lambda: set(int4_vnni.NEEDS))
+    monkeypatch.setattr(native.platform, "machine", lambda: "x86_64")
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "no-such-compiler")
+    lin, x = torch.nn.Linear(64, 32).to(torch.bfloat16), torch.randn(3, 64, dtype=torch.bfloat16)
+    int4_vnni.library.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="int4 draft's own product is not used: no C compiler"):
+            layer = Int4Linear(lin)
+        assert quant.int4_kernel() == "torch" and layer.tiles is None and layer.packed is not None
+        with torch.no_grad():
+            assert ((layer(x) - lin(x)).float().abs().max() / lin(x).float().abs().max()) < 0.1
+    finally:
+        int4_vnni.library.cache_clear()
+
+
+TWO_STARTS = """
+import sys, time
+from pathlib import Path
+import safetensors.torch
+from specdec_core.models import quant
+from specdec_core.models.tiny import tiny_models
+save = quant.save_file
+def slow_save(*args, **kwargs):  # widens the window between writing the file and moving it into place
+    save(*args, **kwargs)
+    time.sleep(1.0)
+quant.save_file = slow_save
+target, _, _ = tiny_models()
+while time.time() < float(sys.argv[2]):  # both processes start at this second
+    time.sleep(0.01)
+quant.quantise_target(target, Path(sys.argv[1]), "tiny")
+print("ok")
+"""
+
+
+@pytest.mark.slow  # two child processes, each loading torch
+def test_two_starts_that_quantise_one_file_at_once_both_come_up(tmp_path):
+    """Two apps started together on one empty cache: the second waits for the first's file and reads it."""
+    import subprocess
+    import sys
+    import time
+
+    saved, start = tmp_path / "target-int8.safetensors", f"{time.time() + 8:.2f}"
+    runs = [subprocess.Popen([sys.executable, "-c", TWO_STARTS, str(saved), start], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [run.communicate(timeout=120) for run in runs]
+    assert [out.strip() for out, _ in outs] == ["ok", "ok"], [err[-400:] for _, err in outs]
+    assert saved.with_name(saved.name + ".sha256").read_text() == quant.file_digest(saved)  # whole, and checked
+    assert not list(tmp_path.glob("*.partial"))

@@ -1,0 +1,109 @@
+"""The written-out forwards (models/step.py, step_ops.c): their small operations against PyTorch, and the draft's
+step against the general forward."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specdec_core.cache import CachedModel, TreeInput
+from specdec_core.models import quant
+from specdec_core.models import step as step_module
+from specdec_core.models.quant import cheapen_draft
+from specdec_core.models.step import DecodeStep
+
+
+@pytest.mark.parametrize("suffix, bf", [("", torch.bfloat16), ("_f32", torch.float32)])  # the draft's set, the target's
+def test_the_written_forwards_small_operations_are_pytorchs_up_to_rounding(suffix, bf):
+    """step_ops.c against the PyTorch it replaces: each result within one rounding of PyTorch's in float32 (bfloat16's
+    for the draft's set; float32's, and the activation's polynomial, for the target's)."""
+    lib = step_module.ops()
+    if lib is None:
+        pytest.skip("step_ops.c cannot be built here (a warning said why)")
+    add_norm, silu_mul, rotate_write = (getattr(lib, name + suffix) for name in ("add_norm", "silu_mul", "rotate_write"))
+    g = torch.Generator().manual_seed(0)
+    rtol = 2 ** -7 if bf == torch.bfloat16 else 1e-5
+    close = lambda mine, ref: torch.allclose(mine.float(), ref, rtol=rtol, atol=1e-6)
+    n, dim, inter = 3, 96, 160
+    h = torch.randn(n, dim, generator=g) * 3
+    add, weight = (torch.randn(n, dim, generator=g) * 5).to(bf), (torch.rand(dim, generator=g) + 0.5).to(bf)
+    out, summed = torch.empty(n, dim, dtype=bf), h + add.float()
+    add_norm(h.data_ptr(), add.data_ptr(), weight.data_ptr(), n, dim, 1e-6, out.data_ptr())
+    assert torch.allclose(h, summed) and close(out, F.rms_norm(summed, (dim,), weight.float(), 1e-6))
+    add_norm(h.data_ptr(), None, weight.data_ptr(), n, dim, 1e-6, out.data_ptr())  # nothing to add
+    assert torch.allclose(h, summed) and close(out, F.rms_norm(summed, (dim,), weight.float(), 1e-6))
+    # silu over the range where its exponential matters, and far out on both sides
+    gate_up = torch.cat([torch.linspace(-30, 30, n * inter).view(n, inter), torch.randn(n, inter, generator=g)], 1).to(bf)
+    act = torch.empty(n, inter, dtype=bf)
+    silu_mul(gate_up.data_ptr(), n, inter, act.data_ptr())
+    gate, up = gate_up.float().chunk(2, -1)
+    assert close(act, F.silu(gate) * up)
+    # two heads of queries and one of keys and values, rotated by positions 5, 6, 7 into a cache holding 5 of 9
+    heads, kv, d, room, length = 2, 1, 8, 9, 5
+    qkv = torch.randn(n, (heads + 2 * kv) * d, generator=g).to(bf)
+    angle = torch.arange(length, length + n)[:, None] * (10000 ** -(torch.arange(d // 2) / (d // 2)))
+    cos, sin = torch.cat([angle.cos()] * 2, -1).contiguous(), torch.cat([angle.sin()] * 2, -1).contiguous()
+    q, keys, values = torch.empty(heads, n, d, dtype=bf), torch.zeros(kv, room, d, dtype=bf), torch.zeros(kv, room, d, dtype=bf)
+    rotate_write(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), n, heads, kv, d, q.data_ptr(), keys.data_ptr(),
+                     values.data_ptr(), room, length)
+    x = qkv.float().view(n, heads + 2 * kv, d).transpose(0, 1)
+    rotated = x * cos + torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1) * sin
+    assert close(q, rotated[:heads]) and close(keys[:, length:length + n], rotated[heads:heads + kv])
+    assert torch.equal(values[:, length:length + n], qkv.view(n, -1, d).transpose(0, 1)[heads + kv:])
+    assert not keys[:, :length].any() and not keys[:, length + n:].any()  # nothing written outside its rows
+
+
+def test_where_the_draft_steps_operations_cannot_be_built_the_draft_takes_the_general_forward(tiny, monkeypatch, tmp_path):
+    draft = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16))  # its int4 product built as it is
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "no-such-compiler")
+    step_module.ops.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="no C compiler"):
+            assert not DecodeStep.fits(draft)
+        monkeypatch.delenv("CC")
+        step_module.ops.cache_clear()
+        assert DecodeStep.fits(draft)  # built with the real compiler
+    finally:
+        step_module.ops.cache_clear()
+
+
+def test_the_written_out_draft_step_follows_the_general_forward(tiny):
+    """The draft's decoding step on CPUs (models/step.py) against transformers' forward of the same int4 model:
+    the same numbers up to bfloat16 rounding, whether the cache was last grown by a step or by the general forward
+    (a prompt, a tree level), cropped after a rejection or compacted onto a tree's path."""
+    if step_module.ops() is None:
+        pytest.skip("step_ops.c cannot be built here (a warning said why)")
+    draft = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16))
+    assert DecodeStep.fits(draft) and not DecodeStep.fits(tiny.draft)  # float32 projections: the general forward
+    step, taken = DecodeStep(draft), []
+
+    def spy(ids, cache, length, keep, tree=None, prompt=False):
+        logits = step(ids, cache, length, keep, tree, prompt)
+        taken.append((ids.shape[1], tree is not None or prompt, logits is not None))
+        return logits
+    fast, general = CachedModel(draft, tiny.vocab, step=spy), CachedModel(draft, tiny.vocab)
+    prompt = [(7 * i) % 250 + 3 for i in range(40)]
+    fast.prefill(prompt), general.prefill(prompt)
+    assert taken == [(40, True, False)]  # a prompt takes the general forward
+    worst, scale = 0.0, 0.0
+    for i in range(30):
+        n = 2 if i % 5 == 0 else 1
+        ids = torch.tensor([(11 * i + j) % 250 + 3 for j in range(n)])
+        mine, theirs = fast.forward(ids, keep=n), general.forward(ids, keep=n)
+        worst, scale = max(worst, (mine.float() - theirs.float()).abs().max().item()), max(scale, theirs.abs().max().item())
+        if i % 7 == 3:  # a rejection: back one token
+            fast.crop(fast.length - 1), general.crop(general.length - 1)
+        if i % 9 == 4:  # a tree level through the general forward, then its path kept
+            for lm in (fast, general):
+                lm.forward(torch.tensor([9, 10, 11]), keep=3, tree=TreeInput([-1, -1, 0]))
+                lm.compact(lm.length - 3, [0, 2])
+        assert fast.length == general.length and int(fast.cache.get_seq_length()) == fast.length
+    steps = [n for n, general_forward, took in taken if not general_forward]
+    assert steps.count(1) > 15 and steps.count(2) == 6  # one and two tokens a step, all taken; prompts and trees not
+    assert all(took != general_forward for n, general_forward, took in taken)
+    assert worst < 0.05 * scale, (worst, scale)  # rounding at most, not another function
+    # PyTorch's 64-row blocks: gate and up (128 rows each) are one product; k and v (32 rows) would shift q's blocks.
+    # Ours takes blocks of 4 rows: q/k/v are one product too
+    own = quant.int4_kernel() == "vnni"
+    assert [step.layers[0][i].fused for i in (1, 4)] == [own, True]

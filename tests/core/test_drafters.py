@@ -1,0 +1,141 @@
+"""The drafters (drafters.py, lookup.py): what each proposes, its n-gram guesses and its cut, each lossless."""
+import dataclasses
+import math
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from specdec_core import SpecConfig, autoregressive_generate, generate, speculative_generate
+from specdec_core.drafters import ModelDrafter, make_drafter
+from specdec_core.lookup import Ngrams, PromptLookupDrafter
+from specdec_core.models import Pair
+
+from ..conftest import FLAT_COSTS, with_eos
+
+PROMPT = "def fib(n):"
+
+
+def test_prompt_lookup_and_early_exit_are_lossless(tiny):
+    prompt = "abcabcabcabc abc abc abcabc"
+    pair = with_eos(tiny, [])
+    for drafter in (PromptLookupDrafter(), make_drafter(pair, "early-exit")):
+        # no chat template: the prompt's last tokens occurred earlier in it, so prompt lookup proposes at once
+        for cfg in (SpecConfig(k=4, max_new_tokens=40, chat=False), SpecConfig(k=3, max_new_tokens=17, chat=False)):
+            run = generate(pair, prompt, cfg, drafter=drafter)
+            assert run.token_ids == generate(pair, prompt, cfg, "autoregressive").token_ids
+            assert any(e.drafted for e in run.events)  # something was proposed and judged
+
+
+def test_prompt_lookup_proposes_after_a_match_of_two_tokens_or_more():
+    """A match of one token is mostly a common token's latest continuation (after a comma, a space): wrong, and on
+    a CPU a wrong 16-token proposal costs a 17-row pass, about 2.5 steps, for one token. Prompt lookup proposes
+    what followed the last 2 or 3 tokens where they occurred before."""
+    drafter, cfg = PromptLookupDrafter(), SpecConfig()
+    assert len(drafter.propose([5, 6, 7, 8, 9, 6], 4, cfg, None)) == 0  # 6 occurred before, "9 6" did not
+    assert drafter.propose([5, 6, 7, 8, 9, 5, 6], 4, cfg, None).tokens.tolist() == [7, 8, 9, 5]  # "5 6" did
+
+
+def test_hybrid_copies_when_it_can_and_drafts_otherwise(tiny):
+    hybrid = make_drafter(tiny, "hybrid")
+    ids = [5, 6, 7, 8, 9, 10, 11, 12, 40, 5, 6, 7]  # the last 3-gram occurred before, followed by 8 9 10 11
+    hybrid.start(ids)
+    copied = hybrid.propose(ids, 4, SpecConfig(min_confidence=0.0), None)
+    assert copied.tokens.tolist() == [8, 9, 10, 11] and copied.q is None
+    assert hybrid.model.lm.length == len(ids) - 1  # the draft model did not run
+    drafted = hybrid.propose(ids + [99, 98], 4, SpecConfig(min_confidence=0.0), None)  # no earlier 3-gram: the model drafts
+    # it caught up on the 3 tokens it had not seen, then fed its own first 3 drafts
+    assert len(drafted) == 4 and drafted.expected > 0 and hybrid.model.lm.length == len(ids) + 2 + 3  # a copy expects 0
+
+
+def test_hybrid_pauses_copying_after_a_copy_the_target_rejected(tiny):
+    hybrid = make_drafter(tiny, "hybrid")
+    ids = [5, 6, 7, 8, 9, 10, 11, 12, 40, 5, 6, 7]
+    hybrid.start(ids)
+    copied = lambda draft: draft.expected == 0  # the draft model's drafts carry its own estimate; a copy none
+    assert copied(hybrid.propose(ids, 4, SpecConfig(), None))
+    hybrid.commit(ids + [8])  # none of the 4 copied tokens accepted, only the target's own
+    ids = ids + [8]  # "8" again: a copy is possible, but the next two rounds go to the model
+    for _ in range(2):
+        assert not copied(hybrid.propose(ids, 4, SpecConfig(), None))
+        hybrid.commit(ids)
+    assert copied(hybrid.propose(ids, 4, SpecConfig(), None))
+
+
+def test_hybrid_is_lossless_across_copied_and_drafted_rounds(tiny):
+    pair, cfg = with_eos(tiny, []), SpecConfig(k=4, max_new_tokens=150)
+    out = generate(pair, "abcabcabcabc abc abc abcabc", cfg, drafter=make_drafter(pair, "hybrid"))
+    assert out.token_ids == generate(pair, "abcabcabcabc abc abc abcabc", cfg, "autoregressive").token_ids
+    assert 0 < sum(1 for e in out.events if e.drafted and e.expected == 0) < len(out.events)  # copied, and drafted
+
+
+@pytest.mark.parametrize("on_device", [False, True])  # a CPU stops drafting there; a GPU drafts k and cuts after
+def test_low_draft_confidence_stops_the_draft_early_and_stays_lossless(tiny, on_device):
+    pair = with_eos(tiny, [])
+    cfg = SpecConfig(k=8, max_new_tokens=48, min_confidence=0.5, record_top=1)
+    out = generate(pair, PROMPT, cfg, drafter=ModelDrafter(pair.cached("draft"), cut_on_device=on_device))
+    assert out.token_ids == generate(pair, PROMPT, cfg, "autoregressive").token_ids
+    assert any(len(e.drafted) < e.k for e in out.events)
+    for e in out.events:  # cut exactly where the product of the draft's top probabilities falls below 0.5
+        sure = [math.prod(top[0][1] for top in e.draft_top[: i + 1]) for i in range(len(e.drafted))]
+        assert all(s >= 0.5 for s in sure[:-1])
+        assert len(e.drafted) == e.k or sure[-1] < 0.5
+
+
+def scanned(ids: list[int], k: int, most: int = 3) -> list[int]:
+    """Prompt lookup by scanning: the continuation of the latest earlier occurrence of the longest n-gram ending ids."""
+    for n in range(min(most, len(ids) - 1), 0, -1):
+        for start in range(len(ids) - n - 1, -1, -1):
+            if ids[start:start + n] == ids[-n:]:
+                return ids[start + n:start + n + k]
+    return []
+
+
+def test_the_n_gram_index_finds_what_a_scan_finds():
+    """Ngrams indexes a sequence as it grows (and afresh when it is not a continuation): every lookup agrees with a
+    scan of the whole sequence."""
+    g = torch.Generator().manual_seed(0)
+    ngrams, found = Ngrams(), 0
+    for _ in range(3):  # three unrelated sequences through one index
+        ids = []
+        for _ in range(60):
+            ids = ids + torch.randint(0, 5, (int(torch.randint(1, 4, (1,), generator=g)),), generator=g).tolist()
+            n, after = ngrams.after(ids, ids, 4)
+            assert after == scanned(ids, 4) and (n > 0) == bool(after)
+            found += bool(after)
+    assert found > 100
+
+
+def small_vocabulary_pair(vocab: int = 6) -> Pair:
+    """A target and a draft over 6 tokens, random and sharp: their text soon repeats, so lookups find n-grams."""
+    torch.manual_seed(0)
+    target, draft = (Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, initializer_range=0.8, tie_word_embeddings=False)).eval() for _ in range(2))
+    return Pair("six", target, draft, None, vocab, frozenset(), 512, torch.device("cpu"), torch.float32,
+                pass_costs=FLAT_COSTS)
+
+
+def drafts_of(pair, prompt, cfg) -> tuple[list, int, ModelDrafter]:
+    """Each round's draft and committed tokens, the draft forwards they took, and the drafter."""
+    drafter, calls = ModelDrafter(pair.cached("draft")), []
+    forward = drafter.lm.forward
+    drafter.lm.forward = lambda ids, *a, **kw: calls.append(ids.numel()) or forward(ids, *a, **kw)
+    events = list(speculative_generate(pair, prompt, cfg, drafter))
+    assert sum(e.draft_steps for e in events) == len(calls) - 1  # every forward but the prompt's, as the events say
+    return [(e.drafted, e.committed) for e in events], len(calls), drafter
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_guesses_save_draft_forwards_and_change_no_draft(temperature):
+    """A chain's forwards carry what followed its n-gram earlier: every round drafts and commits what it does
+    without guesses (same seed), in fewer draft forwards; greedy output is plain decoding's."""
+    pair, prompt = small_vocabulary_pair(), [0, 1, 2, 3, 4, 5, 1, 2]
+    cfg = SpecConfig(k=8, max_new_tokens=120, temperature=temperature, min_confidence=0.0)
+    plain, plain_forwards, _ = drafts_of(pair, prompt, dataclasses.replace(cfg, guess=0))
+    guessed, forwards, drafter = drafts_of(pair, prompt, cfg)
+    assert guessed == plain
+    assert drafter.guessed > 20 and forwards == plain_forwards - drafter.guessed
+    if not temperature:
+        assert [t for _, committed in guessed for t in committed] == \
+            [t for e in autoregressive_generate(pair, prompt, cfg) for t in e.committed]

@@ -127,6 +127,8 @@ def measure(pair, args, graphs: str, attention: str, accepts: dict[str, float], 
                       "measured_over_predicted": rate / predicted,
                       "accepted_per_round": statistics.mean(e.accepted for e in events)}
     race = race_rates(pair, prompt, cfg, simulated(accepts[race_at]))
+    # plain decoding alone again, after the race: tells first-use costs of the earlier runs from the race's clocks
+    plain_after, _ = decode_rate(autoregressive_generate(pair, prompt, cfg))
     trees = {}
     if tree:  # a tree of n nodes: `depth` draft forwards of up to TREE_WIDTH tokens, one pass of n + 1
         for n in (16, 32, 64):
@@ -141,6 +143,7 @@ def measure(pair, args, graphs: str, attention: str, accepts: dict[str, float], 
         "simulated": runs,
         "trees": trees,
         "race": {"a": accepts[race_at], "plain_tokens_per_s": race["plain"], "spec_tokens_per_s": race["spec"],
+                 "plain_alone_after_tokens_per_s": plain_after,
                  "speedup": race["spec"] / race["plain"], "speedup_alone": runs[race_at]["speedup"],
                  "simulated": f"the verdicts drawn with probability a={accepts[race_at]:g}, not judged by the models"},
     }
@@ -178,7 +181,9 @@ def table(report: dict) -> str:
                     f"{100 * v['bandwidth_share']['target']:>5.0f}%{p[5]:>7.2f}{p[17]:>8.2f}{p[65]:>8.2f}"
                     f"{v['plain_tokens_per_s']:>12.1f}  {sims}")
         r = v["race"]
-        rows.append(f"{'':<25}race at simulated a={r['a']:g}: {r['speedup']:.2f}x (alone {r['speedup_alone']:.2f}x)")
+        rows.append(f"{'':<25}race at simulated a={r['a']:g}: {r['speedup']:.2f}x (alone {r['speedup_alone']:.2f}x); plain "
+                    f"{r['plain_tokens_per_s']:.1f} tok/s in the race, {v['plain_tokens_per_s']:.1f} alone before it, "
+                    f"{r['plain_alone_after_tokens_per_s']:.1f} after")
         if v["trees"]:
             rows.append(f"{'':<25}trees, predicted at the bundled pair's tokens a pass: " + "; ".join(
                 f"{n} nodes {t['pass_cost_vs_step']:.2f} steps, {t['predicted_speedup']:.2f}x" for n, t in v["trees"].items()))

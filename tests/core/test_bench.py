@@ -72,7 +72,7 @@ def test_gpu_bench_runs_on_a_small_shape(tmp_path):
         # not as few as a random draft's confidence would leave it (the cut: one, so about 0.9)
         assert runs["a=0.9"]["accepted_per_round"] > 2
         assert all(r["tokens_per_s"] > 0 and r["predicted_tokens_per_s"] > 0 for r in runs.values())
-        assert v["race"]["a"] == 0.9 and v["race"]["speedup"] > 0
+        assert v["race"]["a"] == 0.9 and v["race"]["speedup"] > 0 and v["race"]["plain_alone_after_tokens_per_s"] > 0
         for n, tree in v["trees"].items():  # 1 + 3 tokens a round for 5 draft forwards and a pass of n + 1
             cost = v["pass_cost_vs_step"][n + 1]
             assert tree["predicted_speedup"] == pytest.approx(4 / (5 * v["draft_cost_c"] + cost))

@@ -17,6 +17,11 @@ ROOM = 256  # positions a growing cache allocates at least
 PROMPT_CHUNK = 256  # a prompt runs in passes of at most this many tokens (CachedModel.prefill)
 
 
+def padded_size(n: int) -> int:
+    """The compiled input size that an input of n tokens (n <= PADDED_SIZES[-1]) is padded up to."""
+    return next(s for s in PADDED_SIZES if s >= n)
+
+
 class RoomLayer(DynamicLayer):
     """One layer's keys and values, written into buffers with room behind them. transformers' DynamicLayer
     concatenates the whole cache with every new token: at 1,000 tokens of context a step of the 1.5B target
@@ -189,7 +194,7 @@ class CachedModel:
 
     def _compiled_forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor | None:
         n = ids.shape[1]
-        size = next(s for s in PADDED_SIZES if s >= n)
+        size = padded_size(n)
         padded = torch.cat([ids, ids.new_zeros(1, size - n)], 1)
         try:
             torch.compiler.cudagraph_mark_step_begin()

@@ -1,14 +1,13 @@
 """load_pair: the bundled offline pair, a tiny random pair, or hub ids / local directories."""
 from __future__ import annotations
 
-import bisect
 import ctypes
 import os
 from dataclasses import dataclass
 
 import torch
 
-from ..cache import PADDED_SIZES, CompiledForward
+from ..cache import PADDED_SIZES, CompiledForward, padded_size
 from ..config import MAX_GUESS
 from ..messages import Note, Refusal
 from .attention import GROUPED, ROWS
@@ -214,7 +213,7 @@ def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | N
 
     # a default round scores up to SpecConfig().k + 1 tokens (padded to 32); a draft step feeds one or two tokens
     # and up to MAX_GUESS guesses behind them
-    draft_sizes = PADDED_SIZES[: bisect.bisect_left(PADDED_SIZES, 2 + MAX_GUESS) + 1]
+    draft_sizes = [s for s in PADDED_SIZES if s <= padded_size(2 + MAX_GUESS)]
     for role, model, sizes in (("target", pair.target, PADDED_SIZES), ("draft", pair.draft, draft_sizes)):
         if model is None:
             continue

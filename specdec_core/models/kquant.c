@@ -1,4 +1,4 @@
-/* The target's product on the GGUF's own Q4_K and Q6_K blocks: y = x W^T + bias.
+/* The target's product on the GGUF's own Q4_K and Q6_K blocks, y = x W^T + bias, and its rows' attention (below).
 
    A block holds 256 inputs of one output. Q4_K: w = d * sc[j] * q - dmin * m[j], q in 0..15, eight sub-blocks j of 32
    inputs with 6-bit sc and m. Q6_K: w = d * sc[j] * (q - 32), q in 0..63, sixteen sub-blocks of 16 with int8 sc.
@@ -381,6 +381,129 @@ int kquant_mm(const uint8_t* w, int kind, const float* bias, const float* x, int
     for (int g = 0; g < N / 16; g++) group(w + (size_t)g * nb * size, nb, &r, K, M, kind, bias, y, N, g);
     free(r.q); free(r.dx); free(r.p16); free(r.p32);
     return 0;
+}
+
+/* ---- each row's attention, alone ----
+
+   q [heads][n][d] float32; keys and values: kv_heads runs of positions [d] floats, `stride` floats apart (a cache's
+   buffer, room behind it); query head h reads key/value head h / (heads / kv_heads). Row r sees counts[r] keys: the
+   first ones, or (idx not NULL) the positions idx[r][0..counts[r]) in order (a tree node: the cache and its
+   ancestors). out [n][heads][d]. A row is computed alone, by the same operations in the same order whatever rows
+   come with it and in either build: sums in 16 lanes then a fixed tree, no fused multiply-adds (-ffp-contract=off),
+   and an exponential of our own, so a row of a pass is a one-token step's, bit for bit. */
+
+static float lanes_sum(float acc[16]) {
+    for (int w = 8; w; w >>= 1)
+        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
+    return acc[0];
+}
+
+static float dot(const float* a, const float* b, int d) {
+    float acc[16] = {0};
+    for (int t = 0; t < d; t += 16)
+        for (int l = 0; l < 16; l++) acc[l] += a[t + l] * b[t + l];
+    return lanes_sum(acc);
+}
+
+/* e^x for x <= 0: x = (k + f) ln 2, k the nearest integer (a float's rounding, |t| < 2^22), 2^f = e^(f ln 2) by its
+   series to the 7th power (|f ln 2| <= 0.35: error under 1e-8); no library call, so that it vectorises */
+static inline float exp_le0(float x) {
+    const float t = (x < -87.f ? -87.f : x) * 1.44269504088896341f, k = (t + 12582912.f) - 12582912.f;
+    const float f = (t - k) * 0.693147180559945f;
+    float p = 1.f / 5040.f;
+    p = p * f + 1.f / 720.f;
+    p = p * f + 1.f / 120.f;
+    p = p * f + 1.f / 24.f;
+    p = p * f + 1.f / 6.f;
+    p = p * f + 0.5f;
+    p = p * f + 1.f;
+    p = p * f + 1.f;
+    const int32_t bits = ((int32_t)k + 127) << 23;
+    float two_k;
+    memcpy(&two_k, &bits, 4);
+    return p * two_k;
+}
+
+#ifdef __AVX512VNNI__
+/* the same operations as the portable attend_row below, 16 lanes a vector: a key's 16 lane sums in one register
+   (lane l: positions t = l mod 16, in order), their tree as lanes_sum's (halves of 8, 4, 2, 1; a + b is b + a); the
+   D = d / 16 vectors of the output kept in registers over the keys */
+INLINE void attend_row_v(const float* q, const float* keys, const float* values, int count, const int32_t* idx,
+                         float scale, float* s, float* out, const int D) {
+    __m512 qs[D], o[D];
+    for (int c = 0; c < D; c++) qs[c] = _mm512_mul_ps(_mm512_loadu_ps(q + 16 * c), _mm512_set1_ps(scale));
+    float top = -INFINITY;
+    for (int j = 0; j < count; j++) {
+        const float* k = keys + (size_t)(idx ? idx[j] : j) * 16 * D;
+        __m512 acc = _mm512_setzero_ps();
+        for (int c = 0; c < D; c++) acc = _mm512_add_ps(acc, _mm512_mul_ps(qs[c], _mm512_loadu_ps(k + 16 * c)));
+        const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+        const __m128 a4 = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
+        const __m128 a2 = _mm_add_ps(a4, _mm_movehl_ps(a4, a4));
+        s[j] = _mm_cvtss_f32(_mm_add_ss(a2, _mm_shuffle_ps(a2, a2, 1)));
+        top = s[j] > top ? s[j] : top;
+    }
+    float acc[16] = {0};
+    for (int j = 0; j < count; j++) s[j] = exp_le0(s[j] - top);
+    for (int j = 0; j < count; j++) acc[j & 15] += s[j];
+    const __m512 total = _mm512_set1_ps(lanes_sum(acc));
+    for (int c = 0; c < D; c++) o[c] = _mm512_setzero_ps();
+    for (int j = 0; j < count; j++) {
+        const float* v = values + (size_t)(idx ? idx[j] : j) * 16 * D;
+        const __m512 p = _mm512_set1_ps(s[j]);
+        for (int c = 0; c < D; c++) o[c] = _mm512_add_ps(o[c], _mm512_mul_ps(p, _mm512_loadu_ps(v + 16 * c)));
+    }
+    for (int c = 0; c < D; c++) _mm512_storeu_ps(out + 16 * c, _mm512_div_ps(o[c], total));
+}
+#endif
+
+static void attend_row(const float* q, const float* keys, const float* values, int count, const int32_t* idx, int d,
+                       float scale, float* s, float* out) {
+#ifdef __AVX512VNNI__
+    if (d == 128) { attend_row_v(q, keys, values, count, idx, scale, s, out, 8); return; }
+    if (d == 64) { attend_row_v(q, keys, values, count, idx, scale, s, out, 4); return; }
+#endif
+    float qs[d];
+    for (int t = 0; t < d; t++) qs[t] = q[t] * scale;
+    float top = -INFINITY;
+    for (int j = 0; j < count; j++) {
+        s[j] = dot(qs, keys + (size_t)(idx ? idx[j] : j) * d, d);
+        top = s[j] > top ? s[j] : top;
+    }
+    float acc[16] = {0};
+    for (int j = 0; j < count; j++) s[j] = exp_le0(s[j] - top);
+    for (int j = 0; j < count; j++) acc[j & 15] += s[j];
+    const float total = lanes_sum(acc);
+    for (int t = 0; t < d; t++) out[t] = 0.f;
+    for (int j = 0; j < count; j++) {
+        const float* v = values + (size_t)(idx ? idx[j] : j) * d;
+        for (int t = 0; t < d; t++) out[t] += s[j] * v[t];
+    }
+    for (int t = 0; t < d; t++) out[t] /= total;
+}
+
+/* Returns 0, or -1 when memory for the scores could not be had (d: a multiple of 16). */
+int rows_attention(const float* q, const float* keys, const float* values, long stride, int n, int heads, int kv_heads,
+                   int d, const int32_t* counts, const int32_t* idx, int width, float scale, float* out, int threads) {
+    int most = 1, failed = 0;
+    for (int r = 0; r < n; r++) most = counts[r] > most ? counts[r] : most;
+    #pragma omp parallel num_threads(threads) if (n * heads > 1)
+    {
+        float* s = malloc(sizeof(float) * (size_t)most);
+        #pragma omp for schedule(static)
+        for (int task = 0; task < n * heads; task++) {
+            const int r = task / heads, h = task % heads, kv = h / (heads / kv_heads);
+            if (s)
+                attend_row(q + ((size_t)h * n + r) * d, keys + (size_t)kv * stride, values + (size_t)kv * stride, counts[r],
+                           idx ? idx + (size_t)r * width : NULL, d, scale, s, out + (size_t)task * d);
+        }
+        if (!s) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        free(s);
+    }
+    return failed ? -1 : 0;
 }
 
 /* the values of one row's blocks (an embedding lookup): raw [K / 256][block], out [K] float32 */

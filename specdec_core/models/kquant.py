@@ -6,6 +6,8 @@ integer sum is exact, and its float operations are the same for a row whatever r
 logits are the same, bit for bit, in a one-token step and in any verification pass. The product reads 4.5 (Q4_K)
 or 6.6 (Q6_K) bits a weight: a decoding step, which waits on memory, reads no more than the file holds.
 
+The exact target's attention is here too (`attention`): each row of a pass computed alone, as a step computes it.
+
 Two builds of one source: AVX-512 VNNI where the CPU has it, else portable C; both give the same bits.
 """
 from __future__ import annotations
@@ -34,6 +36,9 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         + [ctypes.c_void_p, ctypes.c_int]
     lib.kquant_pack.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 3 + [ctypes.c_void_p]
     lib.kquant_rows.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 3 + [ctypes.c_void_p]
+    lib.rows_attention.restype = ctypes.c_int
+    lib.rows_attention.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] + [ctypes.c_int] * 4 + [ctypes.c_void_p] * 2 \
+        + [ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
     return lib
 
 
@@ -73,6 +78,37 @@ def product(packed: torch.Tensor, kind: int, x: torch.Tensor, n: int, bias: torc
                                    len(x), n, x.shape[1], y.data_ptr(), torch.get_num_threads()):
         raise MemoryError("no memory for the Q4_K/Q6_K product's rounded rows")
     return y
+
+
+def visible(length: int, n: int, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What each of n rows after `length` cached positions attends to, as `attention` takes it: (counts [n] int32, the
+    positions [n, most] int32 or None). mask None: a chain, row i sees the first length + i + 1 positions; else
+    booleans [n, >= length + n] (a tree's), a row's positions in order."""
+    if mask is None:
+        return torch.arange(length + 1, length + n + 1, dtype=torch.int32), None
+    seen = mask[:, : length + n]
+    counts = seen.sum(-1, dtype=torch.int32)
+    order = torch.argsort((~seen).to(torch.int8), dim=-1, stable=True)  # the seen positions first, in order
+    return counts, order[:, : int(counts.max())].to(torch.int32).contiguous()
+
+
+def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: tuple, scale: float,
+              lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """Each row's attention computed alone (kquant.c), the same bits in a step and in any pass: q [heads, n, d]
+    float32; keys, values [1, kv_heads, S, d] float32, each position's d numbers contiguous (a cache's buffers);
+    plan: `visible`'s. Returns [n, heads * d]."""
+    heads, n, d = q.shape
+    counts, idx = plan
+    if q.dtype != torch.float32 or keys.dtype != torch.float32 or keys.stride() != values.stride() \
+            or keys.stride()[2:] != (d, 1) or d % 16 or len(counts) != n or int(counts.max()) > keys.shape[2]:
+        raise ValueError("the rows' attention needs float32 rows of a multiple of 16 and keys they can see")
+    q, out = q.contiguous(), torch.empty(n, heads * d)
+    if (lib or kernel()).rows_attention(q.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.stride(1), n, heads,
+                                        keys.shape[1], d, counts.data_ptr(), None if idx is None else idx.data_ptr(),
+                                        0 if idx is None else idx.shape[1], scale, out.data_ptr(),
+                                        torch.get_num_threads()):
+        raise MemoryError("no memory for the attention's scores")
+    return out
 
 
 def as_bytes(raw) -> torch.Tensor:

@@ -15,8 +15,10 @@ the grouped key/value heads; its prompts and trees take the general forward. A d
 output: its logits may differ from the general forward's by rounding.
 
 The target on its blocks (float32 activations) takes every forward here, prompts and trees too, so that one
-arithmetic computes all its positions: each operation computes a row alone, and the attention is
-attention.row_attention's, so a position's logits are the same bits in a one-token step and in any pass.
+arithmetic computes all its positions: each operation computes a row alone, the attention too (kquant.attention, in
+C: a one-token step's arithmetic for each row of a pass), so a position's logits are the same bits in a one-token step
+and in any pass. A prompt's rows need not match a step's (plain and speculative decoding compute a prompt alike):
+their attention is one grouped call.
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ import torch.nn.functional as F
 from ..cache import RoomLayer, TreeInput
 from .attention import row_attention
 from .int4_vnni import product as int4_product
-from .kquant import KQuantLinear
+from .kquant import KQuantLinear, visible
+from .kquant import attention as rows_attention
 from .kquant import product as kquant_product
 from .native import load
 from .quant import Int4Linear
@@ -167,6 +170,7 @@ class DecodeStep:
         n, d, g = ids.shape[1], self.head_dim, self.heads // self.kv_heads
         h = self.model.get_input_embeddings()(ids[0]).float()  # the residual stream, [n, hidden], in float32
         mask, positions = self.visibility(n, length, tree, prompt)
+        plan = visible(length, n, None if mask is None else mask[0, 0]) if self.exact and not prompt else None
         cos, sin = (c[0].contiguous() for c in self.model.get_decoder().rotary_emb(h[None], positions))  # [n, d]
         x = torch.empty(n, self.hidden, dtype=self.dtype)  # each norm's output: the next product's input
         q = torch.empty(self.heads, n, d, dtype=self.dtype)
@@ -182,8 +186,10 @@ class DecodeStep:
             rows = qkv(x)
             self.rotate_write(rows.data_ptr(), cos.data_ptr(), sin.data_ptr(), n, self.heads, self.kv_heads, d,
                               q.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.shape[2], length)
-            if self.exact:  # each row as a step computes it (a prompt's rows: one grouped call)
-                o = row_attention(None, q[None], layer.keys, layer.values, mask, scaling=scale, prompt_pass=prompt)[0]
+            if plan is not None:  # each row alone, as a step computes it
+                o = rows_attention(q, layer.keys, layer.values, plan, scale)
+            elif self.exact:  # a prompt's rows: one grouped call
+                o = row_attention(None, q[None], layer.keys, layer.values, mask, scaling=scale, prompt_pass=True)[0]
             else:  # each key/value head's query heads stacked as rows: the keys are read as they are, not repeated
                 o = F.scaled_dot_product_attention(q.view(1, self.kv_heads, g * n, d), layer.keys, layer.values,
                                                    attn_mask=mask, scale=scale).view(self.heads, n, d).transpose(0, 1)

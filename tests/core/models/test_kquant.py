@@ -1,5 +1,6 @@
-"""The target's product on Q4_K and Q6_K blocks (kquant.c) against the block formats' public definitions and the
-arithmetic it promises, for any number of rows, in both of its builds, with planted bugs that must fail."""
+"""The target's product on Q4_K and Q6_K blocks and its rows' attention (kquant.c) against the block formats' public
+definitions and the arithmetic they promise, for any number of rows, in both builds, with planted bugs that must
+fail."""
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -102,9 +103,12 @@ def run(lib, kind, raw, x, n, bias):
     return kquant.product(kquant.pack(raw, kind, n, x.shape[1], lib), kind, x, n, bias, lib)
 
 
-def agrees(lib, kind: int) -> bool:
+def agrees(lib, kind) -> bool:
     """Whether `lib` computes the reference's bits for 1 to 17 and 65 rows, with and without a bias, over three blocks
-    of 48 outputs (three groups of 16); rows of very different sizes and a row of zeros."""
+    of 48 outputs (three groups of 16); rows of very different sizes and a row of zeros. kind "attention": the rows'
+    attention's bits (attention_agrees)."""
+    if kind == "attention":
+        return attention_agrees(lib)
     n, k = 48, 768
     raw = blocks(kind, n, k, seed=kind)
     g = torch.Generator().manual_seed(1)
@@ -117,6 +121,112 @@ def agrees(lib, kind: int) -> bool:
             if not torch.equal(run(lib, kind, raw, x[:rows], n, bias), want[:rows]):
                 return False
     return True
+
+
+def f32(v: float) -> torch.Tensor:
+    return torch.tensor(v, dtype=torch.float32)
+
+
+def exp_le0(x: torch.Tensor) -> torch.Tensor:
+    """kquant.c's exponential for x <= 0, in float32 operations one at a time (torch fuses none)."""
+    t = x.clamp(min=-87.0) * f32(1.44269504088896341)
+    k = (t + 12582912.0) - 12582912.0
+    f = (t - k) * f32(0.693147180559945)
+    p = f32(1.0) / f32(5040.0)
+    for c in (720.0, 120.0, 24.0, 6.0, 2.0, 1.0):
+        p = p * f + f32(1.0) / f32(c)
+    p = p * f + 1.0
+    two_k = torch.bitwise_left_shift(k.to(torch.int32) + 127, 23).view(torch.float32)
+    return p * two_k
+
+
+def lanes_sum(acc: torch.Tensor) -> torch.Tensor:
+    """[..., 16] -> [...]: halves of 8, 4, 2 and 1 added, as kquant.c's tree."""
+    for w in (8, 4, 2, 1):
+        acc = acc[..., :w] + acc[..., w: 2 * w]
+    return acc[..., 0]
+
+
+def attention_reference(q, keys, values, counts, idx, scale) -> torch.Tensor:
+    """What the rows' attention promises, in PyTorch float32, for each row and head alone: a key's score summed in
+    16 lanes (position t in lane t mod 16, in order), then lanes_sum; the exponential above; the weights summed in
+    16 lanes (key j in lane j mod 16) then lanes_sum; the values summed key by key, in order; then one division."""
+    heads, n, d = q.shape
+    group = heads // keys.shape[1]
+    out = torch.empty(n, heads, d)
+    for r in range(n):
+        pos = torch.arange(int(counts[r])) if idx is None else idx[r, : int(counts[r])].long()
+        for h in range(heads):
+            k, v = keys[0, h // group, pos], values[0, h // group, pos]
+            qs = q[h, r] * f32(scale)
+            acc = torch.zeros(len(pos), 16)
+            for c in range(d // 16):
+                acc = acc + qs[16 * c: 16 * c + 16] * k[:, 16 * c: 16 * c + 16]
+            s = lanes_sum(acc)
+            e = exp_le0(s - s.max())
+            lanes = torch.zeros(16)
+            for c in range(0, len(pos), 16):
+                lanes = lanes + torch.nn.functional.pad(e[c: c + 16], (0, 16 - len(e[c: c + 16])))
+            o = torch.zeros(d)
+            for j in range(len(pos)):
+                o = o + e[j] * v[j]
+            out[r, h] = o / lanes_sum(lanes)
+    return out.reshape(n, heads * d)
+
+
+def attention_cases():
+    """(q, keys, values, plan, scale): chains of 1, 5 and 9 rows after 40 cached positions and a tree of 6 nodes, heads
+    of 128 and 64 numbers (the vector build's two widths) and of 32 (its portable loop), 4 query heads on 2 key/value
+    heads; the keys in a buffer with room behind them, as a cache's."""
+    g = torch.Generator().manual_seed(3)
+    for d in (128, 64, 32):
+        for n, parents in ((1, None), (5, None), (9, None), (6, [-1, 0, 0, 1, -1, 4])):
+            buffer = [torch.randn(1, 2, 64, d, generator=g) * 2 for _ in range(2)]
+            keys, values = (b[:, :, : 40 + n] for b in buffer)
+            q = torch.randn(4, n, d, generator=g) * 3
+            mask = None
+            if parents:
+                from specdec_core.cache import TreeInput
+                mask = TreeInput(parents).model_inputs(40, "sdpa", "cpu")["attention_mask"][0, 0]
+            yield q, keys, values, kquant.visible(40, n, mask), d ** -0.5
+
+
+def attention_agrees(lib) -> bool:
+    """Whether `lib`'s rows' attention is the reference's bits in every case, and each row of a pass, computed alone
+    (one row, its own keys), is the same bits too."""
+    for q, keys, values, (counts, idx), scale in attention_cases():
+        got = kquant.attention(q, keys, values, (counts, idx), scale, lib)
+        if not torch.equal(got, attention_reference(q, keys, values, counts, idx, scale)):
+            return False
+        for r in range(q.shape[1]):
+            alone = (counts[r: r + 1], None if idx is None else idx[r: r + 1])
+            if not torch.equal(kquant.attention(q[:, r: r + 1], keys, values, alone, scale, lib), got[r: r + 1]):
+                return False
+    return True
+
+
+def test_the_rows_attention_is_its_reference_arithmetic_and_a_row_alone():
+    """Each row's attention (a step's, and every row of a chain or tree pass) is the reference's bits: a pass
+    repeats a step's arithmetic. And it is attention: within float rounding of float64 softmax attention."""
+    needs_kernel()
+    assert attention_agrees(kquant.kernel())
+    for q, keys, values, (counts, idx), scale in attention_cases():
+        got = kquant.attention(q, keys, values, (counts, idx), scale).reshape(q.shape[1], 4, -1)
+        for r in range(q.shape[1]):
+            pos = torch.arange(int(counts[r])) if idx is None else idx[r, : int(counts[r])].long()
+            for h in range(4):
+                k, v = keys[0, h // 2, pos].double(), values[0, h // 2, pos].double()
+                want = torch.softmax(q[h, r].double() @ k.T * scale, -1) @ v
+                torch.testing.assert_close(got[r, h].double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_rows_attention_refuses_what_it_cannot_compute():
+    needs_kernel()
+    q, keys, values, plan, scale = next(attention_cases())
+    with pytest.raises(ValueError, match="multiple of 16"):
+        kquant.attention(q.double(), keys, values, plan, scale)
+    with pytest.raises(ValueError, match="keys they can see"):
+        kquant.attention(q, keys[:, :, :10], values[:, :, :10], plan, scale)
 
 
 @pytest.mark.parametrize("kind", [4, 6])
@@ -140,7 +250,7 @@ def test_the_portable_build_gives_the_same_bits(tmp_path, monkeypatch):
     """The fallback for CPUs without AVX-512 VNNI, forced here: the same arithmetic, so the same logits."""
     needs_kernel()
     lib = build(tmp_path, monkeypatch, kquant.SOURCE.read_text(), vnni=False)
-    assert agrees(lib, 4) and agrees(lib, 6)
+    assert agrees(lib, 4) and agrees(lib, 6) and attention_agrees(lib)
 
 
 MUTANTS = {  # a planted bug: (kind it breaks, old text, new text), each in one build
@@ -157,6 +267,12 @@ MUTANTS = {  # a planted bug: (kind it breaks, old text, new text), each in one 
     "activations rounded toward zero": (4, "_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC", "_MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC"),
     "a row left out of uneven tiles": (6, "M / tiles + (t < M % tiles)", "M / tiles"),
     "a packed scale from the wrong output": (4, "dst[64 + p * 32 + o * 2] = sc[2 * p]", "dst[64 + p * 32 + (o ^ 1) * 2] = sc[2 * p]"),
+    "a query head reading another key/value head": ("attention", "kv = h / (heads / kv_heads)", "kv = h % kv_heads"),
+    "a pass's rows seeing the first row's keys": ("attention", "counts[r],", "counts[0],"),
+    "the exponential's series cut short": ("attention", "    p = p * f + 1.f / 6.f;\n", ""),
+    "a score's lanes added in another tree (vector build)": ("attention", "_mm_movehl_ps(a4, a4)", "_mm_shuffle_ps(a4, a4, 0x1b)"),
+    "the keys of a tree node read in the chain's order (vector build)": (
+        "attention", "keys + (size_t)(idx ? idx[j] : j) * 16 * D", "keys + (size_t)j * 16 * D"),
 }
 
 
@@ -185,7 +301,7 @@ def planted(tmp_path_factory) -> dict:
         return dict(zip(names, pool.map(compiled, names)))
 
 
-@pytest.mark.parametrize("kind", [4, 6])
+@pytest.mark.parametrize("kind", [4, 6, "attention"])
 def test_the_planted_builds_flags_compute_the_reference(kind, planted):
     assert not isinstance(planted[None], str), planted[None]
     assert agrees(planted[None], kind)

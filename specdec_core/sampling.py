@@ -48,7 +48,17 @@ def warp(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float 
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token id per row of [..., V] probabilities."""
-    return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator).reshape(probs.shape[:-1])
+    """One token id per row of [..., V] probabilities, which need not sum to 1 (a residual's), at one uniform draw a
+    row. (torch.multinomial draws one exponential per token: 3.7 ms for 151,936 on a CPU core, against 0.3 here.)"""
+    u = torch.rand(*probs.shape[:-1], 1, generator=generator, device=probs.device, dtype=torch.float64)
+    return invert(probs, u)
+
+
+def invert(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The token of each row whose share of the row's total holds u [..., 1] in [0, 1): token i holds
+    [cdf(i - 1), cdf(i)) of it (in float64), so a token of probability 0 holds nothing."""
+    cdf = probs.double().cumsum(-1)
+    # u * total < total, rounded too (u <= 1 - 2^-53): the token found has cdf(i) > cdf(i - 1), a probability > 0
+    return torch.searchsorted(cdf, u * cdf[..., -1:], right=True)[..., 0]
 
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from .events import chain
+from .sampling import sample
 from .transfer import upload
 
 
@@ -118,7 +119,7 @@ def _decide_chain(tokens, q, p, generator, size) -> Decision:
     at = n.view(1)  # a row picked by a device index: no read back to the host
     p_n, q_n = p.index_select(0, at)[0], torch.cat([q, q.new_zeros(1, q.shape[-1])]).index_select(0, at)[0]
     dist = torch.where(rejected, residual_distribution(p_n, q_n), p_n)
-    token = torch.multinomial(dist, 1, generator=generator)[0]
+    token = sample(dist, generator)
     return Decision(n, token, accept, uniforms, rejected, dist, rows < n, p_x)
 
 
@@ -163,7 +164,7 @@ def _decide_tree(tokens, parents, q, p, generator) -> Decision:
         c = ends_at[j:j + 1]
         real = c[0] < n  # a row with fewer children is padded with n
         dist = torch.where(real, residual_distribution(dist, q_of(c.clamp(max=n - 1))), dist)
-    token = torch.multinomial(dist, 1, generator=generator)[0]
+    token = sample(dist, generator)
     accept, p_x = (torch.stack(v) if n else p.new_zeros(0) for v in (accept, p_x))
     return Decision(on_path.long().sum(), token, accept, uniforms, ends_at[0] < n if width else false, dist,
                     on_path, p_x)

@@ -74,3 +74,75 @@ def test_warp_flags_a_failed_row_on_the_device_and_still_gives_distributions(tem
     assert failed.item() and torch.isfinite(probs).all()  # sampling from it cannot crash; the engine raises after
     assert torch.allclose(probs.sum(-1), torch.ones(2))
     assert not warp(torch.tensor([[0.0, float("-inf"), 1.0]]), temperature)[1].item()
+
+
+def sample_counts(draw, probs: torch.Tensor, n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.stack([draw(probs, g) for _ in range(n)])  # [n, rows]
+    return torch.stack([torch.bincount(rows[:, r], minlength=probs.shape[-1]) for r in range(probs.shape[0])])
+
+
+def sample_is_exact(draw) -> bool:
+    """Rows of a large vocabulary (a zero-probability run at either end and in between, a row that is not normalised,
+    a one-hot row): every draw has probability > 0, and the counts pass a chi-square test against each row."""
+    from scipy.stats import chisquare
+
+    v = 50_000
+    probs = torch.zeros(3, v)
+    probs[0, 1000:1006] = torch.tensor([0.05, 0.0, 0.4, 0.25, 0.0, 0.3])
+    probs[1, [0, 7, v - 1]] = torch.tensor([2.0, 1.0, 1.0])  # sums to 4: the residual's rows need not sum to 1
+    probs[2, 12345] = 1.0
+    counts = sample_counts(draw, probs, 4000)
+    if (counts[probs == 0] > 0).any():
+        return False
+    for row, c in zip(probs, counts):
+        keep = row > 0
+        if keep.sum() > 1 and chisquare(c[keep].numpy(), (row[keep] / row.sum() * c.sum()).numpy()).pvalue < 1e-3:
+            return False
+    return True
+
+
+def test_one_draw_per_row_follows_the_probabilities():
+    """sampling.sample, which draws every sampled token (the draft's, the target's and the residual's): exact over a
+    vocabulary's worth of tokens, never a token of probability 0."""
+    from specdec_core.sampling import sample
+
+    assert sample_is_exact(sample)
+
+
+def invert_is_exact(invert) -> bool:
+    """Where a uniform falls on an edge, exactly: token i holds [cdf(i - 1), cdf(i)) of the row's total, so a
+    zero-probability token holds nothing, and the largest uniform (1 - 2^-53) picks the last token of probability > 0."""
+    f64 = lambda *v: torch.tensor(v, dtype=torch.float64)
+    probs = torch.tensor([0.0, 0.25, 0.0, 0.25, 0.5])
+    return (invert(probs, f64(0.0)).item() == 1 and invert(probs, f64(0.25)).item() == 3
+            and invert(torch.tensor([1.0, 1.0, 1.0, 0.0]), f64(1 - 2 ** -53)).item() == 2)
+
+
+def test_a_uniform_on_an_edge_picks_the_token_that_holds_it():
+    from specdec_core.sampling import invert
+
+    assert invert_is_exact(invert)
+
+
+@pytest.mark.parametrize("old, new", [
+    ("right=True", "right=False"),  # a uniform on an edge picks the zero-probability token before it
+    ("u * cdf[..., -1:]", "u * cdf[..., -1:] * (1 + 2 ** -52)"),  # a uniform just under 1 goes past the last token
+])
+def test_a_wrong_edge_is_caught(monkeypatch, old, new):
+    from specdec_core import sampling
+
+    from ..conftest import mutate
+
+    mutate(monkeypatch, sampling, "invert", (old, new))
+    assert not invert_is_exact(sampling.invert)
+
+
+def test_rows_taken_as_summing_to_one_are_caught(monkeypatch):
+    from specdec_core import sampling
+
+    from ..conftest import mutate
+
+    mutate(monkeypatch, sampling, "invert", ("u * cdf[..., -1:]", "u"))
+    monkeypatch.setattr(sampling, "invert", sampling.invert)
+    assert not sample_is_exact(sampling.sample)

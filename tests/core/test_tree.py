@@ -35,7 +35,9 @@ def test_the_chain_path_decides_a_chain_exactly_as_the_tree_path():
 def emitted(p, q, first, second, u, monkeypatch):
     """decide at a root with two children (x1, then x2 drawn without replacement), with chosen uniforms."""
     q1, q2 = q, without(q, [first])
-    monkeypatch.setattr(torch, "rand", lambda n, generator=None, device=None: torch.tensor(u))
+    rand = torch.rand  # the verdicts' uniforms chosen; the emitted token's draw (float64) a real one
+    monkeypatch.setattr(torch, "rand", lambda *n, generator=None, device=None, dtype=None:
+                        torch.tensor(u) if dtype is None else rand(*n, generator=generator, dtype=dtype))
     return decide(torch.tensor([first, second]), [-1, -1], torch.stack([q1, q2]), torch.stack([p, p, p]))
 
 
@@ -127,7 +129,7 @@ def test_tree_events_describe_each_round(tiny):
         path = e.path
         assert [e.parents[i] for i in path] == ([-1] + path)[: len(path)]  # root to leaf, each node the last one's child
         assert e.committed == ([e.drafted[i] for i in path] + [e.token])[: len(e.committed)]
-        assert e.accepted == len(path) and e.expected > 0
+        assert e.accepted == len(path) and (e.expected > 0) == (n > 0)  # a round that drafts nothing expects nothing
         assert (e.residual_top is None) == (e.token_kind == "bonus")
         assert e.token_kind == ("bonus" if not any(parent == (path[-1] if path else -1) for parent in e.parents)
                                 else "replacement")

@@ -207,16 +207,11 @@ def options(argv=None) -> argparse.Namespace:
     ap.add_argument("--draft-table", action="store_true", help="time where a draft step goes, part by part")
     ap.add_argument("--race", action="store_true", help="also run each prompt as the app's race (both decoders taking "
                     "turns on one target) and set its figures beside theirs alone")
-    ap.add_argument("--draft-step", default="written",
-                    help="the draft's decoding step on CPUs: written (models/step.py) or general (transformers' forward); "
-                         "a comma list compares them in one run")
     ap.add_argument("--tree", default="0",
                     help="draft token trees of up to this many nodes (0: a chain); a comma list compares them in one run")
     ap.add_argument("--guess", default=str(SpecConfig.guess),
                     help="guesses a chain's draft step checks (0: none); a comma list compares them in one run")
     args = ap.parse_args(argv)
-    if not set(args.draft_step.split(",")) <= {"written", "general"}:
-        raise SystemExit("--draft-step takes written, general or both")
     if args.peer != "none" and args.pair != "bundled":
         raise SystemExit("--peer llama.cpp decodes the bundled target's GGUF: use it with --pair bundled")
     return args
@@ -226,7 +221,7 @@ def load_variants(args, cfg: SpecConfig, prompt: str) -> tuple[dict, dict, dict]
     """Each target asked for (its own pair) with each tree size: {variant: pair}, {variant: cfg}, {variant: load s},
     each warmed up on `prompt` (first calls pay for allocations and kernel selection; a tree's pass costs are timed)."""
     target, _, draft = args.pair.partition(",")
-    trees, steps = [int(n) for n in args.tree.split(",")], args.draft_step.split(",")
+    trees = [int(n) for n in args.tree.split(",")]
     guesses = [int(n) for n in args.guess.split(",")]
     pairs, cfgs, load_s = {}, {}, {}
     for quant in args.target_quant.split(","):
@@ -234,12 +229,12 @@ def load_variants(args, cfg: SpecConfig, prompt: str) -> tuple[dict, dict, dict]
         pair = load_pair(target, draft or None, LoadOptions(
             device=args.device, dtype=args.dtype, target_quant=quant, draft_quant=False if args.draft_quant == "off" else "auto",
             quant_mode="int4" if args.draft_quant == "off" else args.draft_quant))
-        quant, loaded = pair.info.target_quant, pair  # "auto" resolved
-        for nodes, written, guess in itertools.product(trees, steps, guesses):
+        quant = pair.info.target_quant  # "auto" resolved
+        for nodes, guess in itertools.product(trees, guesses):
             variant = ", ".join([quant] + [f"tree of {nodes}" if nodes else "chain"] * (len(trees) > 1)
-                                + [f"{written} draft step"] * (len(steps) > 1) + [f"guess {guess}"] * (len(guesses) > 1))
-            pairs[variant] = loaded if written == "written" else dataclasses.replace(loaded, steps={})
-            cfgs[variant], pair = dataclasses.replace(cfg, tree_nodes=nodes, guess=guess), pairs[variant]
+                                + [f"guess {guess}"] * (len(guesses) > 1))
+            pairs[variant] = pair
+            cfgs[variant] = dataclasses.replace(cfg, tree_nodes=nodes, guess=guess)
             load_s[variant] = time.perf_counter() - t0
             warm = dataclasses.replace(cfgs[variant], max_new_tokens=8)
             generate(pair, prompt, warm, "autoregressive")
@@ -249,7 +244,7 @@ def load_variants(args, cfg: SpecConfig, prompt: str) -> tuple[dict, dict, dict]
     return pairs, cfgs, load_s
 
 
-def describe(pair, cfg: SpecConfig, args, variant: str) -> dict:
+def describe(pair, cfg: SpecConfig, args) -> dict:
     """What a variant's report says of the models, the machine and the settings it ran."""
     return {"pair": pair.name, "models": {"target": pair.info.target, "draft": pair.info.draft},
             "device": str(pair.device), "dtype": str(pair.dtype).replace("torch.", ""),
@@ -258,7 +253,7 @@ def describe(pair, cfg: SpecConfig, args, variant: str) -> dict:
                             if getattr(pair.info, k)},
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", {torch.get_num_threads()} threads",
             "settings": {**dataclasses.asdict(cfg), "drafter": args.drafter, "hf_k": args.hf_k, "repeats": args.repeats,
-                         "target_quant": variant.split(",")[0], "prompts": args.prompts},
+                         "target_quant": pair.info.target_quant, "prompts": args.prompts},
             "pass_costs": dataclasses.asdict(pair.pass_costs) if cfg.tree_nodes else None}
 
 
@@ -279,11 +274,6 @@ def print_report(reports: dict) -> None:
                   f"{s['draft_steps_per_round_mean']:>18.2f}{s['accepted_per_pass_mean']:>14.2f}")
 
 
-def costs_key(variant: str) -> str:
-    """What a variant's costs depend on: its target and its draft step, not its tree size or guesses."""
-    return ", ".join(part for part in variant.split(", ") if not part.startswith(("tree of", "chain", "guess")))
-
-
 def main(argv=None) -> dict:
     args = options(argv)
     cfg = SpecConfig(**{name: getattr(args, name) for name, *_ in SpecConfig.options(skip=NOT_FLAGS)})
@@ -300,9 +290,9 @@ def main(argv=None) -> dict:
         first = next(iter(pairs.values()))
         peer = LlamaCppPeer(first.eos_ids)
         peer.generate(encode_request(first, items[0]["prompt"], cfg), cfg, tokens=8)
-    extra = {}  # per target and draft step: the costs by context and the draft's table, timed before the prompts run
-    for variant, pair in pairs.items():
-        extra.setdefault(costs_key(variant), {
+    extra = {}  # per pair loaded (a target): the costs by context and the draft's table, timed before the prompts run
+    for pair in pairs.values():
+        extra.setdefault(id(pair), {
             "costs_by_context": costs_by_context(pair, [int(c) for c in args.contexts.split(",")], cfg.k)
             if args.contexts else None,
             "draft_step": draft_step_table(pair) if args.draft_table and pair.draft is not None else None})
@@ -318,7 +308,7 @@ def main(argv=None) -> dict:
                       f"; race {race['spec_tokens_per_s']:.1f} / {race['ar_tokens_per_s']:.1f} tok/s "
                       f"({race['speedup']:.2f}x) against alone {e['spec']['tokens_per_s']:.1f} / "
                       f"{e['ar']['tokens_per_s']:.1f}" if race else ""), flush=True)
-    reports = {variant: {**describe(pair, cfgs[variant], args, variant), **extra[costs_key(variant)],
+    reports = {variant: {**describe(pair, cfgs[variant], args), **extra[id(pair)],
                          "peer": peer and f"{peer.name} {peer.version} (plain decoding of the target's GGUF, Q4_K_M)",
                          "load_s": load_s[variant], "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                          "prompts": entries[variant], "summary": summarize_prompts(entries[variant])}

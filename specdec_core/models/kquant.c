@@ -48,7 +48,7 @@ static float half_to_float(uint16_t h) {  /* exact */
     return f;
 }
 
-static void q4_unpack(const uint8_t* b, uint8_t* q, uint8_t* sc, uint8_t* m) {
+static void q4_scales(const uint8_t* b, uint8_t* sc, uint8_t* m) {
     const uint8_t* s = b + 4;
     for (int j = 0; j < 8; j++) {
         if (j < 4) { sc[j] = s[j] & 63; m[j] = s[j + 4] & 63; }
@@ -57,6 +57,10 @@ static void q4_unpack(const uint8_t* b, uint8_t* q, uint8_t* sc, uint8_t* m) {
             m[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
         }
     }
+}
+
+static void q4_unpack(const uint8_t* b, uint8_t* q, uint8_t* sc, uint8_t* m) {
+    q4_scales(b, sc, m);
     const uint8_t* qs = b + 16;
     for (int c = 0; c < 4; c++)
         for (int l = 0; l < 32; l++) {
@@ -79,57 +83,67 @@ static void q6_unpack(const uint8_t* b, uint8_t* q, int8_t* sc) {
         }
 }
 
-/* the low nibbles of 16 outputs' 256 values (q[o][k]) in chunks of 8 inputs */
-static void put_nibbles(uint8_t* dst, uint8_t q[16][QK]) {
-    for (int c = 0; c < 32; c++)
-        for (int o = 0; o < 16; o++)
-            for (int t = 0; t < 4; t++)
-                dst[c * 64 + o * 4 + t] = (q[o][8 * c + t] & 15) | ((q[o][8 * c + 4 + t] & 15) << 4);
+static uint32_t word(const uint8_t* p) {
+    uint32_t w;
+    memcpy(&w, p, 4);
+    return w;
+}
+
+/* Chunk c of the packed nibbles, output o: byte t holds the low 4 bits of values 8c + t (low) and 8c + 4 + t (high).
+   Those 8 values are 8 bytes' nibbles in the file, the low ones or the high ones (at `at`); each step below is the
+   same for every byte of a word, so 4 values go at once (and the byte order of the machine does not matter). */
+static uint32_t nibble_word(const uint8_t* at, int high) {
+    const uint32_t a = word(at), b = word(at + 4), low = 0x0F0F0F0Fu;
+    return high ? ((a >> 4) & low) | (b & ~low) : (a & low) | ((b & low) << 4);
+}
+
+static void pack_q4(const uint8_t* src, int o, uint8_t* dst) {
+    uint8_t sc[8], m[8];
+    q4_scales(src, sc, m);
+    memcpy(dst + 2 * o, src, 2);            /* d */
+    memcpy(dst + 32 + 2 * o, src + 2, 2);   /* dmin */
+    for (int p = 0; p < 4; p++) {
+        dst[64 + p * 32 + o * 2] = sc[2 * p], dst[64 + p * 32 + o * 2 + 1] = sc[2 * p + 1];
+        dst[192 + p * 32 + o * 2] = m[2 * p], dst[192 + p * 32 + o * 2 + 1] = m[2 * p + 1];
+    }
+    for (int c = 0; c < 32; c++) {  /* values 64g + l: byte l of qs[32g..) low (l < 32), byte l - 32 high */
+        const int g = c / 8, l = 8 * (c % 8);
+        const uint32_t w = nibble_word(src + 16 + 32 * g + l % 32, l >= 32);
+        memcpy(dst + 320 + c * 64 + o * 4, &w, 4);
+    }
+}
+
+static void pack_q6(const uint8_t* src, int o, uint8_t* dst) {
+    const uint8_t *ql = src, *qh = src + 128;
+    memcpy(dst + 2 * o, src + 208, 2);
+    for (int p = 0; p < 8; p++) dst[32 + p * 32 + o * 2] = src[192 + 2 * p], dst[32 + p * 32 + o * 2 + 1] = src[192 + 2 * p + 1];
+    /* value 128h + 32j + l: ql[64h + 32(j & 1) + l], its low nibble for j < 2, else its high; its top 2 bits are bits
+       2j, 2j + 1 of qh[32h + l] */
+    for (int c = 0; c < 32; c++) {
+        const int h = c / 16, j = (c % 16) / 4, l = 8 * (c % 4);
+        const uint32_t w = nibble_word(ql + 64 * h + 32 * (j & 1) + l, j >= 2);
+        memcpy(dst + 288 + c * 64 + o * 4, &w, 4);
+    }
+    for (int s = 0; s < 16; s++) {  /* byte t of sub-block s: the top bits of values 16s + 4i + t at bits 2i */
+        const int h = s / 8, j = (s % 8) / 2;
+        uint32_t w = 0;
+        for (int i = 0; i < 4; i++) w |= ((word(qh + 32 * h + 16 * (s % 2) + 4 * i) >> (2 * j)) & 0x03030303u) << (2 * i);
+        memcpy(dst + 2336 + s * 64 + o * 4, &w, 4);
+    }
 }
 
 /* raw: N outputs, each K / 256 blocks in the file's layout; out: the packed layout. kind 4 (Q4_K) or 6 (Q6_K). */
 void kquant_pack(const uint8_t* raw, int N, int K, int kind, uint8_t* out) {
     const int nb = K / QK, raw_size = kind == 4 ? Q4_RAW : Q6_RAW, size = kind == 4 ? Q4_PACKED : Q6_PACKED;
     #pragma omp parallel for schedule(static)
-    for (int g = 0; g < N / 16; g++) {
-        uint8_t q[16][QK];
-        for (int b = 0; b < nb; b++) {
-            uint8_t* dst = out + ((size_t)g * nb + b) * size;
-            uint16_t* d = (uint16_t*)dst;
+    for (int g = 0; g < N / 16; g++)
+        for (int b = 0; b < nb; b++)
             for (int o = 0; o < 16; o++) {
                 const uint8_t* src = raw + ((size_t)(g * 16 + o) * nb + b) * raw_size;
-                if (kind == 4) {
-                    uint8_t sc[8], m[8];
-                    q4_unpack(src, q[o], sc, m);
-                    memcpy(d + o, src, 2);        /* d */
-                    memcpy(d + 16 + o, src + 2, 2);  /* dmin */
-                    for (int p = 0; p < 4; p++) {
-                        dst[64 + p * 32 + o * 2] = sc[2 * p], dst[64 + p * 32 + o * 2 + 1] = sc[2 * p + 1];
-                        dst[192 + p * 32 + o * 2] = m[2 * p], dst[192 + p * 32 + o * 2 + 1] = m[2 * p + 1];
-                    }
-                } else {
-                    int8_t sc[16];
-                    q6_unpack(src, q[o], sc);
-                    memcpy(d + o, src + 208, 2);
-                    for (int p = 0; p < 8; p++) {
-                        dst[32 + p * 32 + o * 2] = (uint8_t)sc[2 * p];
-                        dst[32 + p * 32 + o * 2 + 1] = (uint8_t)sc[2 * p + 1];
-                    }
-                }
+                uint8_t* dst = out + ((size_t)g * nb + b) * size;
+                if (kind == 4) pack_q4(src, o, dst);
+                else pack_q6(src, o, dst);
             }
-            if (kind == 4) put_nibbles(dst + 320, q);
-            else {
-                put_nibbles(dst + 288, q);
-                for (int s = 0; s < 16; s++)
-                    for (int o = 0; o < 16; o++)
-                        for (int t = 0; t < 4; t++) {
-                            uint8_t v = 0;
-                            for (int i = 0; i < 4; i++) v |= (q[o][16 * s + 4 * i + t] >> 4) << (2 * i);
-                            dst[2336 + s * 64 + o * 4 + t] = v;
-                        }
-            }
-        }
-    }
 }
 
 /* ---- a row's activations, rounded per block ---- */

@@ -3,7 +3,7 @@ int8 target's layers are in int8.py), and the quantised weights kept in the cach
 
 - PackedLinear (both models, bfloat16 on CPUs): the weight is reordered once into oneDNN's blocked
   layout. Same numbers as F.linear, and faster, most of all for the few-token passes of decoding.
-The draft's precision and vocabulary change only how many drafts are accepted, never the output
+The draft's precision changes only how many drafts are accepted, never the output
 (the target verifies every token), so the draft may also use:
 - Int4Linear (the default in bfloat16): int4 weights, a scale and an offset per group of 32
   inputs; bfloat16 activations (`_weight_int4pack_mm_for_cpu`), or on x86 CPUs with AVX-512 VNNI
@@ -15,7 +15,6 @@ The draft's precision and vocabulary change only how many drafts are accepted, n
 - Int8Linear: int8 weights, activations left in bfloat16 (`_weight_int8pack_mm`). Slower, but the
   down_proj input carries the activation outliers that int8 activations crush, and acceptance
   with them.
-- PrunedHead: a head over the first `keep` token ids, q renormalised over them (off by default).
 """
 from __future__ import annotations
 
@@ -157,26 +156,6 @@ def int4_kernel() -> str:
     return "vnni" if int4_fits() else "torch"
 
 
-class PrunedHead(nn.Module):
-    """An output head over the first `keep` token ids; the other logits are -inf (q = 0 there)."""
-
-    def __init__(self, head: nn.Linear, keep: int, vocab: int):
-        super().__init__()
-        self.head = nn.Linear(head.in_features, keep, bias=False, dtype=head.weight.dtype, device=head.weight.device)
-        self.head.weight = nn.Parameter(head.weight.detach()[:keep].clone(), requires_grad=False)
-        self.vocab = vocab
-
-    @property
-    def weight(self):  # callers read the output size from the head's weight
-        return torch.empty((self.vocab, self.head.in_features), device="meta")
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        kept = self.head(x)
-        out = torch.full((*kept.shape[:-1], self.vocab), float("-inf"), dtype=kept.dtype, device=kept.device)
-        out[..., : kept.shape[-1]] = kept
-        return out
-
-
 def replace_linears(model: nn.Module, make, largest_first: bool = False) -> nn.Module:
     """In place: every nn.Linear `mod` named `name` becomes make(name, mod). The conversions (quantising,
     prepacking) run on a thread per core: PyTorch releases the GIL in them, and start-up waits for them.
@@ -226,23 +205,17 @@ def quant_label(model: nn.Module, mode: str) -> str:
 QUANT_MODES = {"int4": _int4, "mixed": _mixed}  # mode -> make(name, linear, saved); mixed is int4's fallback
 
 
-def cheapen_draft(model: nn.Module, quant: bool = True, keep_vocab: int = 0, mode: str = "int4",
-                  saved: Path | None = None, source: str = "") -> nn.Module:
-    """In place: quantised Linear layers and/or a pruned head. mode: "int4" (as "mixed" where the
+def cheapen_draft(model: nn.Module, mode: str = "int4", saved: Path | None = None, source: str = "") -> nn.Module:
+    """In place: quantised Linear layers. mode: "int4" (as "mixed" where the
     int4 kernel does not fit: float32, odd shapes) or "mixed" (int8 dynamic, but down_proj weight-only).
 
     saved, source: see quantise (quantising the 0.5B draft would be most of a warm start)."""
     if mode not in QUANT_MODES:
         raise ValueError(f"draft quantisation must be one of {', '.join(QUANT_MODES)}, got {mode!r}")
-    head = model.get_output_embeddings()
-    if keep_vocab:
-        model.set_output_embeddings(PrunedHead(head, keep_vocab, head.weight.shape[0]))
-        model.config.tie_word_embeddings = False
-    if quant:
-        dtype = model.get_input_embeddings().weight.dtype
-        twin = f", int8 from {Int4Linear.WIDE} rows" if mode == "int4" else ""
-        layout = " (int4_vnni's tiles)" if mode == "int4" and int4_kernel() == "vnni" else ""
-        quantise(model, QUANT_MODES[mode], saved, f"{source}\n{mode}{layout}{twin}, {dtype}")
+    dtype = model.get_input_embeddings().weight.dtype
+    twin = f", int8 from {Int4Linear.WIDE} rows" if mode == "int4" else ""
+    layout = " (int4_vnni's tiles)" if mode == "int4" and int4_kernel() == "vnni" else ""
+    quantise(model, QUANT_MODES[mode], saved, f"{source}\n{mode}{layout}{twin}, {dtype}")
     return model
 
 

@@ -438,45 +438,8 @@ static inline float exp_le0(float x) {
     return p * two_k;
 }
 
-#ifdef __AVX512VNNI__
-/* the same operations as the portable attend_row below, 16 lanes a vector: a key's 16 lane sums in one register
-   (lane l: positions t = l mod 16, in order), their tree as lanes_sum's (halves of 8, 4, 2, 1; a + b is b + a); the
-   D = d / 16 vectors of the output kept in registers over the keys */
-INLINE void attend_row_v(const float* q, const float* keys, const float* values, int count, const int32_t* idx,
-                         float scale, float* s, float* out, const int D) {
-    __m512 qs[D], o[D];
-    for (int c = 0; c < D; c++) qs[c] = _mm512_mul_ps(_mm512_loadu_ps(q + 16 * c), _mm512_set1_ps(scale));
-    float top = -INFINITY;
-    for (int j = 0; j < count; j++) {
-        const float* k = keys + (size_t)(idx ? idx[j] : j) * 16 * D;
-        __m512 acc = _mm512_setzero_ps();
-        for (int c = 0; c < D; c++) acc = _mm512_add_ps(acc, _mm512_mul_ps(qs[c], _mm512_loadu_ps(k + 16 * c)));
-        const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
-        const __m128 a4 = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
-        const __m128 a2 = _mm_add_ps(a4, _mm_movehl_ps(a4, a4));
-        s[j] = _mm_cvtss_f32(_mm_add_ss(a2, _mm_shuffle_ps(a2, a2, 1)));
-        top = s[j] > top ? s[j] : top;
-    }
-    float acc[16] = {0};
-    for (int j = 0; j < count; j++) s[j] = exp_le0(s[j] - top);
-    for (int j = 0; j < count; j++) acc[j & 15] += s[j];
-    const __m512 total = _mm512_set1_ps(lanes_sum(acc));
-    for (int c = 0; c < D; c++) o[c] = _mm512_setzero_ps();
-    for (int j = 0; j < count; j++) {
-        const float* v = values + (size_t)(idx ? idx[j] : j) * 16 * D;
-        const __m512 p = _mm512_set1_ps(s[j]);
-        for (int c = 0; c < D; c++) o[c] = _mm512_add_ps(o[c], _mm512_mul_ps(p, _mm512_loadu_ps(v + 16 * c)));
-    }
-    for (int c = 0; c < D; c++) _mm512_storeu_ps(out + 16 * c, _mm512_div_ps(o[c], total));
-}
-#endif
-
 static void attend_row(const float* q, const float* keys, const float* values, int count, const int32_t* idx, int d,
                        float scale, float* s, float* out) {
-#ifdef __AVX512VNNI__
-    if (d == 128) { attend_row_v(q, keys, values, count, idx, scale, s, out, 8); return; }
-    if (d == 64) { attend_row_v(q, keys, values, count, idx, scale, s, out, 4); return; }
-#endif
     float qs[d];
     for (int t = 0; t < d; t++) qs[t] = q[t] * scale;
     float top = -INFINITY;
@@ -496,20 +459,79 @@ static void attend_row(const float* q, const float* keys, const float* values, i
     for (int t = 0; t < d; t++) out[t] /= total;
 }
 
+#define GROUP 8  /* the most query heads of one key/value head the vector build takes together */
+
+#ifdef __AVX512VNNI__
+/* attend_row's operations, in its order, for the g query heads (q: `q_step` floats apart) of one key/value head, 16
+   lanes a vector: each key and value read once for all g heads. A key's 16 lane sums are one register (lane l:
+   positions t = l mod 16, in order), their tree as lanes_sum's (halves of 8, 4, 2, 1; a + b is b + a); each head's
+   output sums its keys in order, D = d / 16 registers a head. s: g rows of `count` scores. */
+INLINE void attend_group_v(const float* q, size_t q_step, const float* keys, const float* values, int count,
+                           const int32_t* idx, float scale, int g, float* s, float* out, const int D) {
+    __m512 qs[GROUP][D], kv[D];
+    float top[GROUP], total[GROUP];
+    for (int i = 0; i < g; i++) {
+        top[i] = -INFINITY;
+        for (int c = 0; c < D; c++) qs[i][c] = _mm512_mul_ps(_mm512_loadu_ps(q + i * q_step + 16 * c), _mm512_set1_ps(scale));
+    }
+    for (int j = 0; j < count; j++) {
+        const float* k = keys + (size_t)(idx ? idx[j] : j) * 16 * D;
+        for (int c = 0; c < D; c++) kv[c] = _mm512_loadu_ps(k + 16 * c);
+        for (int i = 0; i < g; i++) {
+            __m512 acc = _mm512_setzero_ps();
+            for (int c = 0; c < D; c++) acc = _mm512_add_ps(acc, _mm512_mul_ps(qs[i][c], kv[c]));
+            const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+            const __m128 a4 = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
+            const __m128 a2 = _mm_add_ps(a4, _mm_movehl_ps(a4, a4));
+            const float score = _mm_cvtss_f32(_mm_add_ss(a2, _mm_shuffle_ps(a2, a2, 1)));
+            s[(size_t)i * count + j] = score;
+            top[i] = score > top[i] ? score : top[i];
+        }
+    }
+    for (int i = 0; i < g; i++) {
+        float* si = s + (size_t)i * count, acc[16] = {0};
+        for (int j = 0; j < count; j++) si[j] = exp_le0(si[j] - top[i]);
+        for (int j = 0; j < count; j++) acc[j & 15] += si[j];
+        total[i] = lanes_sum(acc);
+    }
+    for (int c = 0; c < D; c++) {  /* a head's output, 16 of its numbers at a time over all keys */
+        __m512 o[GROUP];
+        for (int i = 0; i < g; i++) o[i] = _mm512_setzero_ps();
+        for (int j = 0; j < count; j++) {
+            const __m512 v = _mm512_loadu_ps(values + (size_t)(idx ? idx[j] : j) * 16 * D + 16 * c);
+            for (int i = 0; i < g; i++) o[i] = _mm512_add_ps(o[i], _mm512_mul_ps(_mm512_set1_ps(s[(size_t)i * count + j]), v));
+        }
+        for (int i = 0; i < g; i++) _mm512_storeu_ps(out + (size_t)i * 16 * D + 16 * c, _mm512_div_ps(o[i], _mm512_set1_ps(total[i])));
+    }
+}
+#endif
+
+/* one row's g query heads of one key/value head; out: their g outputs side by side */
+static void attend_group(const float* q, size_t q_step, const float* keys, const float* values, int count,
+                         const int32_t* idx, int d, float scale, int g, float* s, float* out) {
+#ifdef __AVX512VNNI__
+    if (d == 128 && g <= GROUP) { attend_group_v(q, q_step, keys, values, count, idx, scale, g, s, out, 8); return; }
+    if (d == 64 && g <= GROUP) { attend_group_v(q, q_step, keys, values, count, idx, scale, g, s, out, 4); return; }
+#endif
+    for (int i = 0; i < g; i++) attend_row(q + i * q_step, keys, values, count, idx, d, scale, s, out + (size_t)i * d);
+}
+
 /* Returns 0, or -1 when memory for the scores could not be had (d: a multiple of 16). */
 int rows_attention(const float* q, const float* keys, const float* values, long stride, int n, int heads, int kv_heads,
                    int d, const int32_t* counts, const int32_t* idx, int width, float scale, float* out, int threads) {
+    const int g = heads / kv_heads;
     int most = 1, failed = 0;
     for (int r = 0; r < n; r++) most = counts[r] > most ? counts[r] : most;
-    #pragma omp parallel num_threads(threads) if (n * heads > 1)
+    #pragma omp parallel num_threads(threads) if (n * kv_heads > 1)
     {
-        float* s = malloc(sizeof(float) * (size_t)most);
+        float* s = malloc(sizeof(float) * (size_t)most * g);
         #pragma omp for schedule(static)
-        for (int task = 0; task < n * heads; task++) {
-            const int r = task / heads, h = task % heads, kv = h / (heads / kv_heads);
+        for (int task = 0; task < n * kv_heads; task++) {
+            const int r = task / kv_heads, kv = task % kv_heads;
             if (s)
-                attend_row(q + ((size_t)h * n + r) * d, keys + (size_t)kv * stride, values + (size_t)kv * stride, counts[r],
-                           idx ? idx + (size_t)r * width : NULL, d, scale, s, out + (size_t)task * d);
+                attend_group(q + ((size_t)kv * g * n + r) * d, (size_t)n * d, keys + (size_t)kv * stride,
+                             values + (size_t)kv * stride, counts[r], idx ? idx + (size_t)r * width : NULL, d, scale, g,
+                             s, out + ((size_t)r * heads + (size_t)kv * g) * d);
         }
         if (!s) {
             #pragma omp atomic write

@@ -269,7 +269,7 @@ MUTANTS = {  # a planted bug: (kind it breaks, old text, new text), each in one 
     "a packed scale from the wrong output": (4, "dst[64 + p * 32 + o * 2] = sc[2 * p]", "dst[64 + p * 32 + (o ^ 1) * 2] = sc[2 * p]"),
     "the file's high nibbles packed as low ones (Q4_K)": (4, "src + 16 + 32 * g + l % 32, l >= 32", "src + 16 + 32 * g + l % 32, l < 32"),
     "Q6_K's top bits packed from the wrong pair": (6, ">> (2 * j)) & 0x03030303u", ">> (2 * j + 1)) & 0x03030303u"),
-    "a query head reading another key/value head": ("attention", "kv = h / (heads / kv_heads)", "kv = h % kv_heads"),
+    "a query head reading another key/value head": ("attention", "keys + (size_t)kv * stride", "keys + (size_t)(kv ^ 1) * stride"),
     "a pass's rows seeing the first row's keys": ("attention", "counts[r],", "counts[0],"),
     "the exponential's series cut short": ("attention", "    p = p * f + 1.f / 6.f;\n", ""),
     "a score's lanes added in another tree (vector build)": ("attention", "_mm_movehl_ps(a4, a4)", "_mm_shuffle_ps(a4, a4, 0x1b)"),

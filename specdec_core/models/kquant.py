@@ -99,8 +99,9 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: t
     plan: `visible`'s. Returns [n, heads * d]."""
     heads, n, d = q.shape
     counts, idx = plan
-    if q.dtype != torch.float32 or keys.dtype != torch.float32 or keys.stride() != values.stride() \
-            or keys.stride()[2:] != (d, 1) or d % 16 or len(counts) != n or int(counts.max()) > keys.shape[2]:
+    if {q.dtype, keys.dtype, values.dtype} != {torch.float32} or keys.stride() != values.stride() \
+            or keys.stride()[2:] != (d, 1) or d % 16 or heads % keys.shape[1] or len(counts) != n \
+            or int(counts.max()) > keys.shape[2]:
         raise ValueError("the rows' attention needs float32 rows of a multiple of 16 and keys they can see")
     q, out = q.contiguous(), torch.empty(n, heads * d)
     if (lib or kernel()).rows_attention(q.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.stride(1), n, heads,

@@ -227,6 +227,10 @@ def test_the_rows_attention_refuses_what_it_cannot_compute():
         kquant.attention(q.double(), keys, values, plan, scale)
     with pytest.raises(ValueError, match="keys they can see"):
         kquant.attention(q, keys[:, :, :10], values[:, :, :10], plan, scale)
+    with pytest.raises(ValueError, match="float32"):  # values of another type than the keys
+        kquant.attention(q, keys, values.double(), plan, scale)
+    with pytest.raises(ValueError, match="float32"):  # 3 query heads cannot share 2 key/value heads
+        kquant.attention(q[:3], keys, values, plan, scale)
 
 
 @pytest.mark.parametrize("kind", [4, 6])

@@ -53,8 +53,8 @@ the draft then draws costs it no step of its own.
 **Why greedy output is token for token the same here.** In many engines a position's logits depend on the shape
 of the pass that computes them: a 17-token verification pass sums its products in another order than a one-token
 step, so at a near-tie the two can pick different tokens. On a CPU this app runs the target with integer products
-(exact in any order) and computes each row's attention as a one-token step would, over the same keys padded to the
-same width: the logits are the same bit for bit, and the race says *identical* on every prompt. Where a target
+(exact in any order) and computes each row's attention as a one-token step would, by the same operations in the
+same order: the logits are the same bit for bit, and the race says *identical* on every prompt. Where a target
 cannot do that (a GPU, a pair in bfloat16), the summary shows the first token where the outputs part and the
 target's logit for each.""",
         """**Por que a saída não muda.** Cada token rascunhado x é mantido com probabilidade min(1, p(x)/q(x)), onde p
@@ -74,7 +74,7 @@ tokens que vieram depois deles: cada um que o rascunho então sorteia não lhe c
 formato da passada que os calcula: uma passada de verificação de 17 tokens soma seus produtos em outra ordem que
 um passo de um token, e num quase-empate os dois podem escolher tokens diferentes. Numa CPU este app roda o alvo
 com produtos inteiros (exatos em qualquer ordem) e calcula a atenção de cada linha como um passo de um token a
-calcularia, sobre as mesmas chaves, completadas até a mesma largura: os logits são os mesmos bit a bit, e a
+calcularia, com as mesmas operações na mesma ordem: os logits são os mesmos bit a bit, e a
 corrida diz *idêntica* em todo prompt. Onde um alvo não consegue isso (uma GPU, um par em bfloat16), o resumo
 mostra o primeiro token em que as saídas se separam e o logit do alvo para cada um."""),
     "theory_note": (

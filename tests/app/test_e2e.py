@@ -107,6 +107,18 @@ def page(app):
         browser.close()
 
 
+def finished(page, text: str, timeout=60_000):
+    """Wait for the run just started to end with `text` in its summary. The summary still shows the previous run's
+    until this one starts ("Running"), and a wait for text both share would pass at once, mid-run."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.locator("#summary", has_text="Running").wait_for(timeout=10_000)
+    except PlaywrightTimeout:  # it ended before the summary was read
+        pass
+    page.locator("#summary", has_text=text).wait_for(timeout=timeout)
+
+
 def attached(page, selector, timeout=60_000):
     page.locator(selector).first.wait_for(state="attached", timeout=timeout)
 
@@ -155,7 +167,7 @@ def test_browser_draws_a_draft_tree_and_a_click_on_a_node_opens_it(page):
     page.locator("#prompt textarea").fill("Write a loop in Python.")
     assert nodes.input_value() == "12"
     page.locator("#generate").click()
-    page.locator("#summary", has_text="identical").wait_for(timeout=60_000)  # greedy trees: still the same output
+    finished(page, "identical")  # greedy trees: still the same output
     page.locator("#decision", has_text="Round").wait_for(timeout=30_000)  # the inspector has refreshed after the run
     visible_token(page, "tok-acc").click()  # an accepted token opens its round: the tree pane follows
     page.locator("#decision", has_text="equal: accepted").wait_for(timeout=30_000)
@@ -187,7 +199,7 @@ def test_browser_stop_cancels_and_the_next_run_works(page):
     page.locator("#max-new input[type=number]").fill("24")
     page.locator("#max-new input[type=number]").press("Enter")
     page.locator("#generate").click()
-    page.locator("#summary", has_text="identical").wait_for(timeout=60_000)
+    finished(page, "identical")
 
 
 @pytest.mark.browser

@@ -198,8 +198,8 @@ def options(argv=None) -> argparse.Namespace:
     ap.add_argument("--draft-quant", default="int4", choices=[*QUANT_MODES, "off"],
                     help="how the draft is quantised on CPUs (off: as loaded)")
     ap.add_argument("--target-quant", default="auto",
-                    help="the target: auto (on CPUs: the bundled one on its GGUF's blocks, others int8), off (as loaded), int8, "
-                         "or int8:KERNEL (its product: vnni, onednn or fbgemm); a comma list compares them in one run")
+                    help="the target: auto (on CPUs: the bundled one on its GGUF's blocks, others int8), off (as loaded), "
+                         "blocks or int8; a comma list compares them in one run")
     ap.add_argument("--peer", default="none", choices=["none", "llama.cpp"],
                     help="also time llama.cpp's plain decoding of the bundled target's GGUF (needs llama-cpp-python)")
     ap.add_argument("--contexts", default="",

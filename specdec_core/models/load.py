@@ -27,9 +27,9 @@ class LoadOptions:
     same, bit for bit, in a one-token step and in any verification pass, so greedy speculative output is plain
     decoding's on every prompt. "auto" on CPUs: "blocks" for the bundled target where the CPU has AVX-512 VNNI, else
     "int8" (auto_target_quant); the tiny test pair runs as built. "blocks": the bundled target on its GGUF's own
-    Q4_K/Q6_K blocks (kquant.py): nothing to convert at start, and fewer bytes read a step. "int8" or "int8:KERNEL"
-    (int8.TokenInt8Linear: vnni, onednn or fbgemm): int8 weights made from the target's values (for the bundled pair,
-    once, kept in the cache). "off": the values as loaded, in `dtype` (bfloat16 on most CPUs: near-ties can part the
+    Q4_K/Q6_K blocks (kquant.py): nothing to convert at start, and fewer bytes read a step. "int8"
+    (int8.TokenInt8Linear): int8 weights made from the target's values (for the bundled pair, once, kept in the
+    cache). "off": the values as loaded, in `dtype` (bfloat16 on most CPUs: near-ties can part the
     two outputs).
     draft_quant: a quantised draft on CPUs (quant_mode: see quant.cheapen_draft). It changes the draft's speed and
     guesses, never the output.
@@ -45,15 +45,12 @@ class LoadOptions:
     cache_dir: str | os.PathLike | None = None
 
     def __post_init__(self):
-        from .int8 import INT8_KERNELS
         from .quant import QUANT_MODES
 
         if self.graphs not in ("auto", "off", "inductor", "cudagraphs"):
             raise ValueError(f"graphs must be auto, off, inductor or cudagraphs, got {self.graphs!r}")
-        quant, _, kernel = self.target_quant.partition(":")
-        if quant not in TARGET_QUANTS or kernel and (quant != "int8" or kernel not in INT8_KERNELS):
-            raise ValueError(f"target_quant must be auto, off, blocks, int8 or int8:KERNEL ({', '.join(INT8_KERNELS)}), "
-                             f"got {self.target_quant!r}")
+        if self.target_quant not in TARGET_QUANTS:
+            raise ValueError(f"target_quant must be auto, off, blocks or int8, got {self.target_quant!r}")
         if self.dtype != "auto":
             dtype_named(self.dtype)
         if self.quant_mode not in QUANT_MODES:
@@ -71,13 +68,12 @@ def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOp
     dev = pick_device(o.device)
     dt = pick_dtype(o.dtype, dev)
     backend = ("inductor" if dev.type == "cuda" else "off") if o.graphs == "auto" else o.graphs
-    target_quant = o.target_quant
-    quant, _, kernel = target_quant.partition(":")
+    quant = o.target_quant
     if quant == "blocks" and target != "bundled":
         raise Refusal("blocks_bundled_only")
     as_built = target == "tiny"  # the tiny test pair runs as built: tests compare it with models built the same way
     if quant == "auto":
-        quant = target_quant = auto_target_quant(target, dev)
+        quant = auto_target_quant(target, dev)
     if quant in ("blocks", "int8") and dev.type != "cpu":
         raise Refusal("cpu_only", value=repr(quant))
     if quant == "blocks" and kquant_library()[0] is None:
@@ -93,9 +89,9 @@ def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOp
         pair.draft.set_attn_implementation(GROUPED)
         if DecodeStep.fits(pair.draft):  # its decoding steps written out (step.py); prompts and trees as above
             pair.steps["draft"] = DecodeStep(pair.draft)
-    pair.info.target_weights, pair.info.target_quant = str(dt).replace("torch.", ""), target_quant
+    pair.info.target_weights, pair.info.target_quant = str(dt).replace("torch.", ""), quant
     if quant in ("blocks", "int8"):
-        make_exact(pair, quant, kernel, saved, progress)
+        make_exact(pair, quant, saved, progress)
     if dev.type == "cpu":
         settle_on_cpu(pair, pack=dt == torch.bfloat16 and not as_built)
     if backend != "off":
@@ -104,7 +100,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOp
     return pair
 
 
-def make_exact(pair: Pair, quant: str, kernel: str, saved: dict, progress: Progress) -> None:
+def make_exact(pair: Pair, quant: str, saved: dict, progress: Progress) -> None:
     """The target made exact (the same logits in a step and in a pass): on its blocks, each row's attention as a step
     computes it and every forward written out (step.py), one arithmetic for all; or in int8."""
     from .int8 import TokenInt8Linear
@@ -117,7 +113,7 @@ def make_exact(pair: Pair, quant: str, kernel: str, saved: dict, progress: Progr
             pair.steps["target"] = DecodeStep(pair.target)
     else:
         progress(0.9, Note("load_target_int8", model=pair.info.target))
-        quantise_target(pair.target, *saved.get("target", (None, "")), kernel=kernel or None)
+        quantise_target(pair.target, *saved.get("target", (None, "")))
         pair.info.target_weights = "int8"
         pair.info.target_int8 = "/".join(sorted({m.kernel for m in pair.target.modules() if isinstance(m, TokenInt8Linear)}))
 

@@ -219,7 +219,7 @@ def cheapen_draft(model: nn.Module, mode: str = "int4", saved: Path | None = Non
     return model
 
 
-def quantise_target(model: nn.Module, saved: Path | None = None, source: str = "", kernel: str | None = None) -> nn.Module:
+def quantise_target(model: nn.Module, saved: Path | None = None, source: str = "") -> nn.Module:
     """In place: every Linear becomes a TokenInt8Linear, each row's attention is computed as a one-token step
     computes it (attention.ROWS), everything else in float32: a position's logits are the same, bit for bit,
     alone or in any verification pass, chain or tree.
@@ -227,9 +227,8 @@ def quantise_target(model: nn.Module, saved: Path | None = None, source: str = "
     Rounding an activation to int8 magnifies any difference in it, however small: a product that sums in
     another order in a 17-row pass than in a one-row step (as batched attention does) flips int8 roundings
     and moves logits by more than 1. Integer products are exact in any order, and the attention computes
-    a row with the same products whatever pass it is in. saved/source as in cheapen_draft; kernel: TokenInt8Linear's
-    (None: the CPU's default)."""
-    quantise(model, lambda name, mod, kept: TokenInt8Linear(mod, kept, kernel), saved, f"{source}\ntoken-int8")
+    a row with the same products whatever pass it is in. saved/source as in cheapen_draft."""
+    quantise(model, lambda name, mod, kept: TokenInt8Linear(mod, kept), saved, f"{source}\ntoken-int8")
     model.set_attn_implementation(ROWS)
     return model.float()
 

@@ -109,11 +109,12 @@ def test_bench_compares_guesses_in_one_run(tmp_path):
 
 
 @pytest.mark.slow  # a comparison of whole bench runs; test_bench_writes_json_and_table is the fast tier's
-def test_bench_compares_the_int8_targets_products_in_one_run(tmp_path):
+def test_bench_compares_targets_in_one_run(tmp_path):
     report = bench.main(["--pair", "tiny", "--max-new-tokens", "16", "--limit", "1", "--json", str(tmp_path / "k.json"),
-                         "--dtype", "float32", "--device", "cpu", "--target-quant", "int8:fbgemm,int8:vnni"])
-    kernels = {name: run["cpu_kernels"]["target_int8"] for name, run in report["variants"].items()}
-    assert kernels == {"int8:fbgemm": "fbgemm", "int8:vnni": "vnni" if int8_vnni.library()[0] else "fbgemm"}
+                         "--dtype", "float32", "--device", "cpu", "--target-quant", "off,int8"])
+    weights = {name: run["target_weights"] for name, run in report["variants"].items()}
+    assert weights == {"off": "float32", "int8": "int8"}
+    assert report["variants"]["int8"]["cpu_kernels"]["target_int8"] == ("vnni" if int8_vnni.library()[0] else "fbgemm")
     assert all(e["identical_to_ar"] for run in report["variants"].values() for e in run["prompts"])
 
 

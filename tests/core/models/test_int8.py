@@ -2,8 +2,6 @@
 logits the same alone or in any pass."""
 import copy
 import dataclasses
-import os
-import shutil
 
 import pytest
 import torch
@@ -36,15 +34,14 @@ def test_int8_weights_are_torchs_per_channel_quantisation():
     assert qweight[0, :6].tolist() == [127, 0, 2, 2, 0, -2]
 
 
-KERNELS = ("fbgemm", "onednn", "vnni")  # TokenInt8Linear's: oneDNN where the CPU has AMX, else ours, else fbgemm
+KERNELS = ("fbgemm", "vnni")  # TokenInt8Linear's: ours where it runs, else fbgemm
 
 
 @pytest.fixture(params=KERNELS)
 def int8_kernel(request, monkeypatch):
-    """Each int8 target test runs with each kernel as the default, whatever this CPU has (ours needs AVX-512 VNNI)."""
+    """Each int8 target test runs with each kernel, whatever this CPU has (ours needs AVX-512 VNNI)."""
     if request.param == "vnni" and int8_vnni.library()[0] is None:
         pytest.skip(f"the int8 kernel of our own cannot run here: {int8_vnni.library()[1]}")
-    monkeypatch.setattr(int8, "amx_int8", lambda: request.param == "onednn")
     monkeypatch.setattr(int8, "vnni_fits", lambda in_features: request.param == "vnni")
     return request.param
 
@@ -77,7 +74,7 @@ def test_the_vnni_product_is_the_reference_arithmetic_for_any_number_of_rows(n, 
     assert torch.equal(want[3], packed.bias[:n] if bias else torch.zeros(n))
 
 
-def test_token_int8_rows_do_not_depend_on_the_other_rows(int8_kernel):
+def test_token_int8_rows_do_not_depend_on_the_other_rows(int8_kernel, monkeypatch):
     torch.manual_seed(0)
     lin = torch.nn.Linear(96, 40)
     x = torch.randn(17, 96) * torch.rand(17, 1) * 10  # rows of very different sizes
@@ -89,15 +86,16 @@ def test_token_int8_rows_do_not_depend_on_the_other_rows(int8_kernel):
             assert (full - lin(x)).abs().max() / lin(x).abs().max() < 0.03
         layer = TokenInt8Linear(lin)
         assert layer.kernel == int8_kernel
-        # the kernels quantise the weights alike: a file saved with one serves the others
-        other = TokenInt8Linear(lin, kernel="fbgemm" if int8_kernel != "fbgemm" else "onednn")
+        # the kernels quantise the weights alike: a file saved with one serves the other
+        monkeypatch.setattr(int8, "vnni_fits", lambda in_features: int8_kernel == "fbgemm")
+        other = TokenInt8Linear(lin)
+        assert other.kernel != layer.kernel
         assert all(torch.equal(layer.saved_state()[key], other.saved_state()[key]) for key in ("qweight", "scale"))
 
 
 def test_where_ours_cannot_be_built_the_int8_target_keeps_fbgemm_and_says_why(monkeypatch, tmp_path):
     monkeypatch.setattr(native, "cpu_flags", lambda: set(int8_vnni.NEEDS))
     monkeypatch.setattr(native.platform, "machine", lambda: "x86_64")
-    monkeypatch.setattr(int8, "amx_int8", lambda: False)
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     lin, x = torch.nn.Linear(64, 32), torch.randn(5, 64)
     try:
@@ -114,49 +112,18 @@ def test_where_ours_cannot_be_built_the_int8_target_keeps_fbgemm_and_says_why(mo
         int8_vnni.library.cache_clear()
 
 
-def test_the_int8_targets_product_can_be_picked_by_name():
+def test_the_target_quant_names_a_way_the_target_computes_not_a_kernel():
     from specdec_core import load_pair
 
-    kernels = lambda pair: {m.kernel for m in pair.target.modules() if isinstance(m, TokenInt8Linear)}
-    pair = load_pair("tiny", target_quant="int8:fbgemm")
-    assert kernels(pair) == {"fbgemm"} and pair.info.target_quant == "int8:fbgemm"
-    runs_here = int8_vnni.NEEDS <= native.cpu_flags() and shutil.which(os.environ.get("CC", "gcc"))
-    assert kernels(load_pair("tiny", target_quant="int8:vnni")) == ({"vnni"} if runs_here else {"fbgemm"})  # or falls back
-    for bad in ("int8:fast", "off:vnni", "int4", "blocks:vnni"):
-        with pytest.raises(ValueError, match="int8:KERNEL"):
+    pair = load_pair("tiny", target_quant="int8")
+    assert pair.info.target_quant == "int8"
+    assert {m.kernel for m in pair.target.modules() if isinstance(m, TokenInt8Linear)} == {
+        "vnni" if int8_vnni.library()[0] else "fbgemm"}
+    for bad in ("int8:fbgemm", "int8:vnni", "off:vnni", "int4", "blocks:vnni"):
+        with pytest.raises(ValueError, match="target_quant must be auto, off, blocks or int8"):
             load_pair("tiny", target_quant=bad)
     with pytest.raises(ValueError, match="other pairs have none"):
         load_pair("tiny", target_quant="blocks")
-
-
-def test_onednn_is_the_default_only_where_amx_tiles_are_there_and_not_capped(monkeypatch):
-    """oneDNN's int8 products without AMX run a reference kernel hundreds of times slower than fbgemm's."""
-    has_amx = bool(torch._C._cpu._get_cpu_capability().get("amx_int8")) and torch._C._cpu._init_amx()
-    for cap, expected in ((None, has_amx), ("AVX512_CORE_AMX", has_amx), ("AVX512_CORE_VNNI", False)):
-        if cap is None:
-            monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
-        else:
-            monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
-        int8.amx_int8.cache_clear()
-        assert int8.amx_int8() == expected, cap
-    int8.amx_int8.cache_clear()
-
-
-def test_an_onednn_product_whose_rows_depend_on_their_number_leaves_the_layer_to_fbgemm(monkeypatch):
-    """The probe (int8.onednn_rows_agree): where oneDNN's rows differ with the rows beside them (here a stand-in
-    that adds a trace of the row count), the layer takes fbgemm, and stays exact."""
-    real = torch.ops.onednn.qlinear_pointwise
-    monkeypatch.setattr(int8, "_int8_agrees", {})
-    monkeypatch.setattr(torch.ops.onednn, "qlinear_pointwise", lambda q, *args: real(q, *args) * (1 + 1e-6 * len(q)))
-    torch.manual_seed(0)
-    lin, x = torch.nn.Linear(64, 48), torch.randn(9, 64)
-    with torch.no_grad():
-        layer = TokenInt8Linear(lin, kernel="onednn")
-        assert layer.kernel == "fbgemm" and int8._int8_agrees == {(64, 48): False}
-        assert torch.equal(layer(x), torch.cat([layer(x[i: i + 1]) for i in range(9)]))
-        monkeypatch.setattr(torch.ops.onednn, "qlinear_pointwise", real)
-        monkeypatch.setattr(int8, "_int8_agrees", {})
-        assert TokenInt8Linear(lin, kernel="onednn").kernel == "onednn"
 
 
 def logits_alone_and_in_a_pass(model, vocab, context: int = 57, step=None):

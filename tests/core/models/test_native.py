@@ -103,7 +103,7 @@ def test_the_kernels_can_be_turned_off_and_the_fallbacks_run(monkeypatch, tmp_pa
         for library in libraries:
             assert library() == (None, "turned off by SPECDEC_KERNELS=off")
         assert not (tmp_path / "kernels").exists()
-        assert int8.TokenInt8Linear(torch.nn.Linear(64, 32)).kernel in ("fbgemm", "onednn")
+        assert int8.TokenInt8Linear(torch.nn.Linear(64, 32)).kernel == "fbgemm"
         assert quant.Int4Linear(torch.nn.Linear(64, 32).bfloat16()).tiles is None
     finally:
         for library in libraries:

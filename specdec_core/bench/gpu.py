@@ -20,15 +20,12 @@ shapes) and each way of running decoding steps (--graphs: off, or compiled with 
   same decoders run alone: the race must show the same ratio;
 - token trees of 16, 32 and 64 nodes: their pass's cost, and the speedup predicted at the tokens a
   tree accepted a pass and the depth it reached on the bundled pair (when the --acceptance-from run
-  has a tree variant: `python -m specdec_core.bench --tree 0,16`);
-- each with transformers' SDPA attention and with grouped attention (--attention), which reads the
-  key and value heads as they are instead of repeating them over the static cache.
+  has a tree variant: `python -m specdec_core.bench --tree 0,16`).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import json
 import statistics
 import tempfile
@@ -39,7 +36,6 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from .. import SpecConfig, autoregressive_generate, generate, load_pair, speculative_generate, summarize
 from ..models import enable_graphs, make_pair, pick_device
-from ..models.attention import GROUPED
 from ..models.tiny import tiny_models, tiny_tokenizer
 from ..race import race
 from ..theory import expected_speedup
@@ -98,14 +94,11 @@ def race_rates(pair, prompt, cfg, judge) -> dict:
     return {name: summarize(e).decode_tokens_per_s for name, e in race(streams).items()}
 
 
-def measure(pair, args, graphs: str, attention: str, accepts: dict[str, float], race_at: str,
-            tree: dict | None = None) -> dict:
+def measure(pair, args, graphs: str, accepts: dict[str, float], race_at: str, tree: dict | None = None) -> dict:
     pair.compiled.clear()
-    for model in (pair.target, pair.draft):
-        model.set_attn_implementation(GROUPED if attention == "grouped" else "sdpa")
     t0 = time.perf_counter()
     if graphs != "off":
-        enable_graphs(pair, graphs, max_len=args.context + args.max_new_tokens + 96, attention=attention)
+        enable_graphs(pair, graphs, max_len=args.context + args.max_new_tokens + 96)
     ms = passes_ms(pair, "target", args.context, (1, *PASS_SIZES))
     step, draft_step = ms[1], pass_ms(pair, "draft", args.context, 1)
     passes = {n: ms[n] / step for n in PASS_SIZES}
@@ -167,25 +160,25 @@ def local_dir_check(device) -> dict:
 
 
 def table(report: dict) -> str:
-    rows = [f"{'shape':<6}{'graphs':<19}{'step ms':>8}{'c':>6}{'BW %':>6}{'5-pass':>7}{'17-pass':>8}{'65-pass':>8}"
+    rows = [f"{'shape':<6}{'graphs':<10}{'step ms':>8}{'c':>6}{'BW %':>6}{'5-pass':>7}{'17-pass':>8}{'65-pass':>8}"
             f"{'plain tok/s':>12}  simulated a: measured / predicted tok/s (speedup)"]
     for v in report["variants"]:
         if "error" in v or "skipped" in v:
-            rows.append(f"{v['shape']:<6}{v['graphs'] + ', ' + v['attention']:<19}{v.get('error') or v.get('skipped')}")
+            rows.append(f"{v['shape']:<6}{v['graphs']:<10}{v.get('error') or v.get('skipped')}")
             continue
         p = v["pass_cost_vs_step"]
         sims = "; ".join(f"{name}: {r['tokens_per_s']:.0f} / {r['predicted_tokens_per_s']:.0f} ({r['speedup']:.2f}x)"
                          for name, r in v["simulated"].items())
-        rows.append(f"{v['shape']:<6}{v['graphs'] + ', ' + v['attention']:<19}"
+        rows.append(f"{v['shape']:<6}{v['graphs']:<10}"
                     f"{v['target_step_ms']:>8.2f}{v['draft_cost_c']:>6.2f}"
                     f"{100 * v['bandwidth_share']['target']:>5.0f}%{p[5]:>7.2f}{p[17]:>8.2f}{p[65]:>8.2f}"
                     f"{v['plain_tokens_per_s']:>12.1f}  {sims}")
         r = v["race"]
-        rows.append(f"{'':<25}race at simulated a={r['a']:g}: {r['speedup']:.2f}x (alone {r['speedup_alone']:.2f}x); plain "
+        rows.append(f"{'':<16}race at simulated a={r['a']:g}: {r['speedup']:.2f}x (alone {r['speedup_alone']:.2f}x); plain "
                     f"{r['plain_tokens_per_s']:.1f} tok/s in the race, {v['plain_tokens_per_s']:.1f} alone before it, "
                     f"{r['plain_alone_after_tokens_per_s']:.1f} after")
         if v["trees"]:
-            rows.append(f"{'':<25}trees, predicted at the bundled pair's tokens a pass: " + "; ".join(
+            rows.append(f"{'':<16}trees, predicted at the bundled pair's tokens a pass: " + "; ".join(
                 f"{n} nodes {t['pass_cost_vs_step']:.2f} steps, {t['predicted_speedup']:.2f}x" for n, t in v["trees"].items()))
     return "\n".join(rows)
 
@@ -195,9 +188,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--shapes", default="7b,1.5b", help=f"comma list of: {', '.join(SHAPES)}")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    ap.add_argument("--graphs", default="inductor", help="comma list of: off, cudagraphs, inductor (eager: tests)")
-    ap.add_argument("--attention", default="sdpa,grouped",
-                    help="comma list of: sdpa (transformers'), grouped (key/value heads not repeated over the cache)")
+    ap.add_argument("--graphs", default="inductor", help="comma list of: off, inductor (eager: tests)")
     ap.add_argument("--k", type=int, default=SpecConfig().k, help="drafts per round in the simulated runs")
     ap.add_argument("--accept", default="0.6,0.8,0.9", help="simulated acceptance rates")
     ap.add_argument("--acceptance-from", default=None, help="a CPU bench JSON: also simulate each prompt's acceptance")
@@ -244,13 +235,13 @@ def main(argv=None) -> dict:
         # a byte-level tokenizer is enough to drive random models; no EOS, so every run has the same length
         pair = dataclasses.replace(make_pair(f"random {shape}", target, draft, tiny_tokenizer(), device, dtype),
                                    eos_ids=frozenset())
-        for graphs, attention in itertools.product(args.graphs.split(","), args.attention.split(",")):
-            entry = {"shape": shape, "graphs": graphs, "attention": attention}
+        for graphs in args.graphs.split(","):
+            entry = {"shape": shape, "graphs": graphs}
             if time.perf_counter() - start > args.budget_s:
                 entry["skipped"] = "time budget"
             else:
                 try:
-                    entry.update(measure(pair, args, graphs, attention, accepts, race_at, tree))
+                    entry.update(measure(pair, args, graphs, accepts, race_at, tree))
                 except Exception as err:  # report it and go on with the next variant
                     entry["error"] = repr(err)[:500]
             report["variants"].append(entry)

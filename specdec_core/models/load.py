@@ -33,7 +33,7 @@ class LoadOptions:
     two outputs).
     draft_quant: a quantised draft on CPUs (quant_mode: see quant.cheapen_draft). It changes the draft's speed and
     guesses, never the output.
-    graphs: on CUDA, decoding steps compiled with CUDA graphs ("inductor"; also "cudagraphs", "off") over static caches
+    graphs: on CUDA, decoding steps compiled with CUDA graphs ("inductor", or "off") over static caches
     of `max_len` positions (cache.CompiledForward); the context is capped to fit them."""
     device: str = "auto"
     dtype: str = "auto"
@@ -47,8 +47,8 @@ class LoadOptions:
     def __post_init__(self):
         from .quant import QUANT_MODES
 
-        if self.graphs not in ("auto", "off", "inductor", "cudagraphs"):
-            raise ValueError(f"graphs must be auto, off, inductor or cudagraphs, got {self.graphs!r}")
+        if self.graphs not in ("auto", "off", "inductor"):
+            raise ValueError(f"graphs must be auto, off or inductor, got {self.graphs!r}")
         if self.target_quant not in TARGET_QUANTS:
             raise ValueError(f"target_quant must be auto, off, blocks or int8, got {self.target_quant!r}")
         if self.dtype != "auto":
@@ -195,15 +195,11 @@ def release_freed_memory() -> None:
         pass
 
 
-def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | None = None,
-                  attention: str = "sdpa") -> None:
+def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | None = None) -> None:
     """Compile both models' decoding steps now, for the sizes a default round uses, so that the
-    first run does not stop to compile (on a 7B-shaped target on an H200: minutes).
-    attention: "sdpa" (transformers' own) or "grouped" (attention.grouped_attention: key and value
-    heads read as they are, not repeated over the static cache)."""
+    first run does not stop to compile (on a 7B-shaped target on an H200: minutes), with transformers' SDPA
+    attention (docs/benchmarks.md: the compiled H200 runs)."""
     progress = progress or (lambda f, m: None)
-    if attention not in ("sdpa", "grouped"):
-        raise ValueError(f"attention must be sdpa or grouped, got {attention!r}")
     if pair.target.config._attn_implementation == ROWS:
         raise Refusal("graphs_rows")
 
@@ -213,7 +209,7 @@ def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | N
     for role, model, sizes in (("target", pair.target, PADDED_SIZES), ("draft", pair.draft, draft_sizes)):
         if model is None:
             continue
-        model.set_attn_implementation(GROUPED if attention == "grouped" else "sdpa")
+        model.set_attn_implementation("sdpa")
         pair.compiled[role] = CompiledForward(model, max_len, backend)
         lm = pair.cached(role)
         lm.prefill([0] * 8)

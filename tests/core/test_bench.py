@@ -46,7 +46,7 @@ def test_bench_sets_the_apps_race_beside_the_decoders_alone(tmp_path, capsys):
     assert "in the app's race, against alone" in capsys.readouterr().out
 
 
-@pytest.mark.slow  # four variants, each through every simulated rate and the race
+@pytest.mark.slow  # two variants, each through every simulated rate and the race
 def test_gpu_bench_runs_on_a_small_shape(tmp_path):
     cpu_run = tmp_path / "cpu.json"  # per-prompt acceptance as the CPU bench writes it
     prompts = [{"id": "code", "spec": {"acceptance_rate": 0.7}}]  # as the CPU bench writes them, chain and tree

@@ -24,7 +24,6 @@ from .. import SpecConfig, autoregressive_generate, generate, load_pair, make_dr
 from ..drafters import DRAFTERS
 from ..engine import encode_request
 from ..models import LoadOptions, first_divergence
-from ..models.quant import QUANT_MODES
 from ..events import summarize
 from ..race import race as run_race
 from ..theory import measured_costs, predicted_speedup
@@ -195,8 +194,8 @@ def options(argv=None) -> argparse.Namespace:
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts")
     ap.add_argument("--only", default="", help="comma list of prompt ids or categories (e.g. portuguese)")
     ap.add_argument("--repeats", type=int, default=1, help="run each method this many times; keep the fastest")
-    ap.add_argument("--draft-quant", default="int4", choices=[*QUANT_MODES, "off"],
-                    help="how the draft is quantised on CPUs (off: as loaded)")
+    ap.add_argument("--draft-quant", default="int4", choices=["int4", "off"],
+                    help="the draft on CPUs: int4 (int8 where the int4 product does not fit), or as loaded")
     ap.add_argument("--target-quant", default="auto",
                     help="the target: auto (on CPUs: the bundled one on its GGUF's blocks, others int8), off (as loaded), "
                          "blocks or int8; a comma list compares them in one run")
@@ -227,8 +226,7 @@ def load_variants(args, cfg: SpecConfig, prompt: str) -> tuple[dict, dict, dict]
     for quant in args.target_quant.split(","):
         t0 = time.perf_counter()
         pair = load_pair(target, draft or None, LoadOptions(
-            device=args.device, dtype=args.dtype, target_quant=quant, draft_quant=False if args.draft_quant == "off" else "auto",
-            quant_mode="int4" if args.draft_quant == "off" else args.draft_quant))
+            device=args.device, dtype=args.dtype, target_quant=quant, draft_quant="auto" if args.draft_quant == "int4" else False))
         quant = pair.info.target_quant  # "auto" resolved
         for nodes, guess in itertools.product(trees, guesses):
             variant = ", ".join([quant] + [f"tree of {nodes}" if nodes else "chain"] * (len(trees) > 1)

@@ -31,30 +31,27 @@ class LoadOptions:
     (int8.TokenInt8Linear): int8 weights made from the target's values (for the bundled pair, once, kept in the
     cache). "off": the values as loaded, in `dtype` (bfloat16 on most CPUs: near-ties can part the
     two outputs).
-    draft_quant: a quantised draft on CPUs (quant_mode: see quant.cheapen_draft). It changes the draft's speed and
-    guesses, never the output.
+    draft_quant: an int4 draft on CPUs (quant.cheapen_draft; int8 where the int4 product does not fit). It changes the
+    draft's speed and guesses, never the output.
     graphs: on CUDA, decoding steps compiled with CUDA graphs ("inductor", or "off") over static caches
     of `max_len` positions (cache.CompiledForward); the context is capped to fit them."""
     device: str = "auto"
     dtype: str = "auto"
     target_quant: str = "auto"
     draft_quant: bool | str = "auto"
-    quant_mode: str = "int4"
     graphs: str = "auto"
     max_len: int = 4096
     cache_dir: str | os.PathLike | None = None
 
     def __post_init__(self):
-        from .quant import QUANT_MODES
-
         if self.graphs not in ("auto", "off", "inductor"):
             raise ValueError(f"graphs must be auto, off or inductor, got {self.graphs!r}")
         if self.target_quant not in TARGET_QUANTS:
             raise ValueError(f"target_quant must be auto, off, blocks or int8, got {self.target_quant!r}")
         if self.dtype != "auto":
             dtype_named(self.dtype)
-        if self.quant_mode not in QUANT_MODES:
-            raise ValueError(f"draft quantisation must be one of {', '.join(QUANT_MODES)}, got {self.quant_mode!r}")
+        if self.draft_quant not in (True, False, "auto"):
+            raise ValueError(f"draft_quant must be True, False or 'auto', got {self.draft_quant!r}")
 
 
 def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOptions | None = None,
@@ -82,7 +79,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOp
     pair, saved = read_models(target, draft, o, quant, cheap_draft, dev, dt, progress)
     if pair.draft is not None and cheap_draft:
         progress(0.85, Note("load_draft_int4", model=pair.info.draft))  # a first start's longest phase
-        cheapen(pair, o.quant_mode, *saved.get("draft", (None, "")))
+        cheapen(pair, *saved.get("draft", (None, "")))
     if pair.draft is not None and dev.type == "cpu" and not as_built:
         # SDPA would repeat the key/value heads over the whole cache every step: a draft step at 1,000 tokens of
         # context would cost nearly twice one at 128 (docs/benchmarks.md); the draft changes only speed
@@ -130,19 +127,19 @@ def read_models(target: str, draft: str | None, o: LoadOptions, quant: str, chea
         from .bundled import DRAFT, TARGET, load_bundled
         pair, root = load_bundled(dev, dt, progress, o.cache_dir, exact=quant == "blocks",
                                   lazy=(quant == "int8" and dev.type == "cpu", cheap_draft and dev.type == "cpu"))
-        return pair, {"draft": (root / f"{DRAFT.slug}-{o.quant_mode}.safetensors", DRAFT.sha256),
+        return pair, {"draft": (root / f"{DRAFT.slug}-int4.safetensors", DRAFT.sha256),
                       "target": (root / f"{TARGET.slug}-int8.safetensors", TARGET.sha256)}
     if draft is None:
         raise Refusal("custom_pair_ids")
     return load_hub_pair(target, draft, dev, dt, progress), {}
 
 
-def cheapen(pair: Pair, mode: str, saved, source: str) -> None:
+def cheapen(pair: Pair, saved, source: str) -> None:
     """The draft quantised (quant.cheapen_draft), its weights kept in `saved` where there is one."""
     from .quant import Int4Linear, cheapen_draft, quant_label
 
-    cheapen_draft(pair.draft, mode=mode, saved=saved, source=source)
-    pair.info.draft_quant = quant_label(pair.draft, mode)
+    cheapen_draft(pair.draft, saved=saved, source=source)
+    pair.info.draft_quant = quant_label(pair.draft, "int4")
     int4 = {"vnni" if m.tiles is not None else "torch" for m in pair.draft.modules() if isinstance(m, Int4Linear)}
     if int4:
         pair.info.draft_int4 = "/".join(sorted(int4))

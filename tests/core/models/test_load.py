@@ -89,7 +89,7 @@ def test_unknown_graphs_mode_is_refused_before_loading():
 
 @pytest.mark.parametrize("option, match", [(dict(graphs="fast"), "graphs must be"), (dict(dtype="int3"), "dtype must be"),
                                            (dict(target_quant="int8:nope"), "target_quant must be"),
-                                           (dict(quant_mode="int2"), "draft quantisation must be")])
+                                           (dict(draft_quant="int2"), "draft_quant must be")])
 def test_load_options_are_checked_when_made_so_an_app_refuses_them_at_start(option, match):
     from app.pairs import PairManager
     from specdec_core.models import LoadOptions

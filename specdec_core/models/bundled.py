@@ -101,11 +101,14 @@ def tokenizer_of(gguf: GGUF, root: Path, sha256: str):
 
 
 def remove_old_layouts(root: Path) -> None:
-    """Earlier versions kept converted copies (bfloat16, float32, int8: 6.6 GB): they are never read now."""
-    for m in (TARGET, DRAFT):
+    """Earlier versions kept converted copies (bfloat16, float32, int8: 6.6 GB), and quantised weights under one name
+    whatever dtype they were made from: they are never read now."""
+    for m, quant in ((TARGET, "int8"), (DRAFT, "int4")):
         for old in [root / m.slug, *root.glob(f"{m.slug}-*")]:
             if old.is_dir() and (old / MANIFEST).exists():
                 shutil.rmtree(old, ignore_errors=True)
+        for suffix in ("", ".sha256", ".lock", ".partial", ".sha256.partial"):
+            (root / f"{m.slug}-{quant}.safetensors{suffix}").unlink(missing_ok=True)
 
 
 def load_bundled(device: torch.device, dtype: torch.dtype, progress: Progress, cache_dir=None,

@@ -88,8 +88,14 @@ def test_converted_copies_of_earlier_versions_are_removed_and_nothing_else(tmp_p
         (tmp_path / name / bundled.MANIFEST).write_text("{}")
     (tmp_path / f"{bundled.TARGET.slug}-mine").mkdir()  # not ours: no manifest
     (tmp_path / "kernels").mkdir()
+    # quantised files named before each dtype had its own (a float32 load overwrote the default's), and today's
+    kept = [f"{bundled.DRAFT.slug}-int4-bfloat16.safetensors", f"{bundled.DRAFT.slug}-int4-bfloat16.safetensors.sha256",
+            f"{bundled.TARGET.slug}-int8-float32.safetensors"]
+    for name in [f"{bundled.DRAFT.slug}-int4.safetensors", f"{bundled.DRAFT.slug}-int4.safetensors.sha256",
+                 f"{bundled.DRAFT.slug}-int4.safetensors.lock", f"{bundled.TARGET.slug}-int8.safetensors", *kept]:
+        (tmp_path / name).write_bytes(b"x")
     bundled.remove_old_layouts(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["kernels", f"{bundled.TARGET.slug}-mine"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["kernels", f"{bundled.TARGET.slug}-mine", *kept])
 
 
 @pytest.mark.parametrize("damage", ["a flipped byte", "truncated", "no digest"])

@@ -113,3 +113,22 @@ def test_a_cpu_draft_reads_its_key_value_heads_as_they_are(model_dirs):
     assert pair.target.config._attn_implementation == "specdec_rows"  # the exact target keeps its own
     cfg = SpecConfig(k=4, max_new_tokens=24)
     assert generate(pair, "grouped", cfg).token_ids == generate(pair, "grouped", cfg, "autoregressive").token_ids
+
+
+def test_each_dtype_keeps_its_own_quantised_files_of_the_bundled_pair(monkeypatch, tmp_path):
+    """The bundled draft quantised from bfloat16 values (int4) and from float32 ones (int8 "mixed": int4 needs
+    bfloat16) are different files, as are int8 targets made from either: one cache serves both without rebuilding
+    the other's file at every start (a float32 load used to overwrite the default's 669 MB draft, and the next default
+    start made it again)."""
+    from specdec_core.models import bundled
+    from specdec_core.models.load import LoadOptions, read_models
+
+    monkeypatch.setattr(bundled, "load_bundled", lambda *args, **kw: (None, tmp_path))
+    files = {}
+    for dt in (torch.bfloat16, torch.float32):
+        _, saved = read_models("bundled", None, LoadOptions(), "int8", True, torch.device("cpu"), dt, lambda f, m: None)
+        files[dt] = saved
+        assert all(path.parent == tmp_path for path, _ in saved.values())
+    for role in ("draft", "target"):
+        assert files[torch.bfloat16][role][0] != files[torch.float32][role][0], role
+    assert files[torch.bfloat16]["draft"][0].name == f"{bundled.DRAFT.slug}-int4-bfloat16.safetensors"

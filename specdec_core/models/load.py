@@ -124,12 +124,12 @@ def read_models(target: str, draft: str | None, o: LoadOptions, quant: str, chea
         return make_pair("tiny", t.to(dev, dt), d.to(dev, dt), tok, dev, dt,
                          PairInfo("tiny-target", "tiny-draft (perturbed copy)")), {}
     if target == "bundled":
-        from . import bundled
-        pair, root = bundled.load_bundled(dev, dt, progress, o.cache_dir, exact=quant == "blocks",
-                                          lazy=(quant == "int8" and dev.type == "cpu", cheap_draft and dev.type == "cpu"))
+        from .bundled import DRAFT, TARGET, load_bundled
+        pair, root = load_bundled(dev, dt, progress, o.cache_dir, exact=quant == "blocks",
+                                  lazy=(quant == "int8" and dev.type == "cpu", cheap_draft and dev.type == "cpu"))
         kind = str(dt).replace("torch.", "")  # weights made from values of another dtype are other weights
-        return pair, {"draft": (root / f"{bundled.DRAFT.slug}-int4-{kind}.safetensors", bundled.DRAFT.sha256),
-                      "target": (root / f"{bundled.TARGET.slug}-int8-{kind}.safetensors", bundled.TARGET.sha256)}
+        return pair, {"draft": (root / f"{DRAFT.slug}-int4-{kind}.safetensors", DRAFT.sha256),
+                      "target": (root / f"{TARGET.slug}-int8-{kind}.safetensors", TARGET.sha256)}
     if draft is None:
         raise Refusal("custom_pair_ids")
     return load_hub_pair(target, draft, dev, dt, progress), {}

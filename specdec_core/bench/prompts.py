@@ -289,11 +289,11 @@ def main(argv=None) -> dict:
         peer = LlamaCppPeer(first.eos_ids)
         peer.generate(encode_request(first, items[0]["prompt"], cfg), cfg, tokens=8)
     extra = {}  # per pair loaded (a target): the costs by context and the draft's table, timed before the prompts run
-    for pair in pairs.values():
-        extra.setdefault(id(pair), {
+    for pair in {id(pair): pair for pair in pairs.values()}.values():  # once each, whatever variants share it
+        extra[id(pair)] = {
             "costs_by_context": costs_by_context(pair, [int(c) for c in args.contexts.split(",")], cfg.k)
             if args.contexts else None,
-            "draft_step": draft_step_table(pair) if args.draft_table and pair.draft is not None else None})
+            "draft_step": draft_step_table(pair) if args.draft_table and pair.draft is not None else None}
     entries = {variant: [] for variant in pairs}
     for item in items:
         for variant, pair in pairs.items():

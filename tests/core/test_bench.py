@@ -237,3 +237,17 @@ def test_startup_bench_times_the_check_of_each_cached_file(tmp_path):
     assert set(timed) == {"target-int8.safetensors", "draft-int4.safetensors"}
     assert timed["target-int8.safetensors"]["same"] and not timed["draft-int4.safetensors"]["same"]
     assert timed["target-int8.safetensors"]["mb"] == 3.0 and timed["target-int8.safetensors"]["seconds"] > 0
+
+
+def test_a_pair_shared_by_several_variants_has_its_costs_timed_once(tmp_path, monkeypatch):
+    """Trees of two sizes run on one loaded pair: its costs by context and its draft table are one measurement (tens
+    of seconds on the bundled pair), shared by both variants, not made again for each."""
+    calls = []
+    for name in ("costs_by_context", "draft_step_table"):
+        real = getattr(bench, name)
+        monkeypatch.setattr(bench, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
+    report = bench.main(["--pair", "tiny", "--max-new-tokens", "8", "--limit", "1", "--json", str(tmp_path / "c.json"),
+                         "--dtype", "float32", "--device", "cpu", "--tree", "0,6", "--contexts", "16", "--draft-table"])
+    assert sorted(calls) == ["costs_by_context", "draft_step_table"]
+    chain, tree = report["variants"].values()
+    assert chain["costs_by_context"] == tree["costs_by_context"] and chain["costs_by_context"]

@@ -239,6 +239,7 @@ def test_startup_bench_times_the_check_of_each_cached_file(tmp_path):
     assert timed["target-int8.safetensors"]["mb"] == 3.0 and timed["target-int8.safetensors"]["seconds"] > 0
 
 
+@pytest.mark.slow  # timings of passes at a context and of a draft step: 10 s
 def test_a_pair_shared_by_several_variants_has_its_costs_timed_once(tmp_path, monkeypatch):
     """Trees of two sizes run on one loaded pair: its costs by context and its draft table are one measurement (tens
     of seconds on the bundled pair), shared by both variants, not made again for each."""

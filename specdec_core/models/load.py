@@ -140,7 +140,7 @@ def cheapen(pair: Pair, saved, source: str) -> None:
     from .quant import Int4Linear, cheapen_draft, quant_label
 
     cheapen_draft(pair.draft, saved=saved, source=source)
-    pair.info.draft_quant = quant_label(pair.draft, "int4")
+    pair.info.draft_quant = quant_label(pair.draft)
     int4 = {"vnni" if m.tiles is not None else "torch" for m in pair.draft.modules() if isinstance(m, Int4Linear)}
     if int4:
         pair.info.draft_int4 = "/".join(sorted(int4))

@@ -195,11 +195,10 @@ def _int4(name: str, mod: nn.Linear, saved: dict | None) -> nn.Module:
     return Int4Linear(mod, saved, wide=name != "lm_head") if Int4Linear.fits(mod) else _mixed(name, mod, saved)
 
 
-def quant_label(model: nn.Module, mode: str) -> str:
-    """What a draft cheapened in `mode` got: "int4", or int8 in the mode used (int4 falls back to mixed)."""
-    if any(isinstance(m, Int4Linear) for m in model.modules()):
-        return "int4"
-    return f"int8 ({'mixed' if mode == 'int4' else mode})"
+def quant_label(model: nn.Module) -> str:
+    """What a cheapened draft got: "int4", or int8 where the int4 product fits none of its layers (int4 falls back to
+    mixed)."""
+    return "int4" if any(isinstance(m, Int4Linear) for m in model.modules()) else "int8 (mixed)"
 
 
 QUANT_MODES = {"int4": _int4, "mixed": _mixed}  # mode -> make(name, linear, saved); mixed is int4's fallback

@@ -107,13 +107,14 @@ def page(app):
         browser.close()
 
 
-def finished(page, text: str, timeout=60_000):
+def finished(page, text: str, running: str = "Running", timeout=60_000):
     """Wait for the run just started to end with `text` in its summary. The summary still shows the previous run's
-    until this one starts ("Running"), and a wait for text both share would pass at once, mid-run."""
+    until this one starts (`running`: the page's word for it), and a wait for text both share would pass at once,
+    mid-run."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     try:
-        page.locator("#summary", has_text="Running").wait_for(timeout=10_000)
+        page.locator("#summary", has_text=running).wait_for(timeout=10_000)
     except PlaywrightTimeout:  # it ended before the summary was read
         pass
     page.locator("#summary", has_text=text).wait_for(timeout=timeout)
@@ -131,7 +132,7 @@ def test_browser_race_shows_coloured_tokens_and_plots(page):
     attached(page, "#spec-pane .tok-rep, #spec-pane .tok-bon")
     attached(page, "#plain-pane .tok")
     page.locator("#race-plot .js-plotly-plot").first.wait_for(timeout=60_000)
-    page.locator("#summary", has_text="identical").wait_for(timeout=60_000)  # greedy: checked when done
+    finished(page, "identical")  # greedy: checked when done
     assert page.locator("#spec-pane .tok-rej").count() > 0  # rejected drafts stay visible
     assert page.evaluate("window.__xss") is None
     page.screenshot(path=str(SHOTS / "race.png"), full_page=True)
@@ -221,7 +222,7 @@ def test_browser_language_switch_covers_labels_and_results(page):
     assert page.get_by_text("Inspecionar um token rascunhado").count() == 1
     page.locator("#prompt textarea").fill("Olá")
     page.locator("#generate").click()
-    page.locator("#summary", has_text="idêntica").wait_for(timeout=60_000)
+    finished(page, "idêntica", running="Rodando")
     visible_token(page, "tok-acc").click()
     page.locator("#decision", has_text="iguais: aceito").wait_for(timeout=30_000)
     page.screenshot(path=str(SHOTS / "portuguese.png"), full_page=True)

@@ -6,7 +6,8 @@
    Two sets: the draft's activations come and go in bfloat16 (its int4 products' type), the exact target's in
    float32 (its Q4_K/Q6_K products'); sums run in float32, in order, and the residual stream stays in float32.
    Each row is computed alone, the same whatever rows come with it: the target's step and pass agree bit for bit.
-   Plain C, without fast-math: the compiler vectorises the element-wise loops, never reorders a sum. */
+   Plain C, without fast-math or contraction: the compiler vectorises the loops (a norm's sum runs in 16 lanes, then
+   halves), so any build, AVX-512 or not, computes the same bits. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -24,52 +25,54 @@ static inline uint16_t to_bf16(float f) {  /* round to nearest even; the values 
     return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
 }
 
-/* e^x for x <= 0 in float32: 2^i times a polynomial for 2^f, f in [0, 1). Branch-free and without library calls
-   (floorf is one where the build has no SSE4.1), so that it vectorises: 17 rows of the target's activation took 1.6
-   ms as a call per value, 28 times a pass. */
+/* e^x for x <= 0 in float32: x = (k + f) ln 2, k the nearest integer (a float's rounding, |t| < 2^22), 2^f = e^(f ln 2)
+   by its series to the 7th power (|f ln 2| <= 0.35: error under 1e-8). Branch-free, no library call, no conversion
+   to int but the exponent's bits, so that it vectorises on any x86 build. */
 static inline float exp_neg(float x) {
-    float t = (x < -87.f ? -87.f : x) * 1.44269504088896341f;
-    int i = (int)t;  /* toward zero: t <= 0, so i >= t; one less where that is not the floor */
-    i -= t < (float)i;
-    float f = t - (float)i;
-    float p = 1.53533e-4f;
-    p = p * f + 1.339887e-3f;
-    p = p * f + 9.618437e-3f;
-    p = p * f + 5.550332e-2f;
-    p = p * f + 2.402264e-1f;
-    p = p * f + 6.931472e-1f;
+    const float t = (x < -87.f ? -87.f : x) * 1.44269504088896341f, k = (t + 12582912.f) - 12582912.f;
+    const float f = (t - k) * 0.693147180559945f;
+    float p = 1.f / 5040.f;
+    p = p * f + 1.f / 720.f;
+    p = p * f + 1.f / 120.f;
+    p = p * f + 1.f / 24.f;
+    p = p * f + 1.f / 6.f;
+    p = p * f + 0.5f;
     p = p * f + 1.f;
-    int32_t bits = (i + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, 4);
-    return p * scale;
+    p = p * f + 1.f;
+    const int32_t bits = ((int32_t)k + 127) << 23;
+    float two_k;
+    memcpy(&two_k, &bits, 4);
+    return p * two_k;
 }
 
 static inline float from_f32(float v) { return v; }
 static inline float to_f32(float f) { return f; }
 
 /* h [n][dim] float32 += add [n][dim] (NULL: nothing to add); out [n][dim] = rmsnorm(h) * weight */
-#define ADD_NORM(name, T, from, to)                                                                                 \
-void name(float* h, const T* add, const T* weight, int n, int dim, float eps, T* out) {                             \
+#define ADD_NORM(name, T, from, to)                                                                                  \
+void name(float* h, const T* add, const T* weight, int n, int dim, float eps, T* out) {                              \
     for (int r = 0; r < n; r++) {                                                                                    \
         float* row = h + (size_t)r * dim;                                                                            \
-        float sum = 0.f;                                                                                             \
         if (add) {                                                                                                   \
             const T* a = add + (size_t)r * dim;                                                                      \
             for (int i = 0; i < dim; i++) row[i] += from(a[i]);                                                      \
         }                                                                                                            \
-        for (int i = 0; i < dim; i++) sum += row[i] * row[i];                                                        \
-        float inv = 1.f / sqrtf(sum / dim + eps);                                                                    \
-        for (int i = 0; i < dim; i++) out[(size_t)r * dim + i] = to(row[i] * inv * from(weight[i]));               \
+        float lanes[16] = {0};  /* in 16 lanes, then halves: the compiler may vectorise a sum in this order */       \
+        for (int i = 0; i < dim; i++) lanes[i & 15] += row[i] * row[i];                                              \
+        for (int w = 8; w; w >>= 1)                                                                                  \
+            for (int l = 0; l < w; l++) lanes[l] += lanes[l + w];                                                    \
+        float inv = 1.f / sqrtf(lanes[0] / dim + eps);                                                               \
+        for (int i = 0; i < dim; i++) out[(size_t)r * dim + i] = to(row[i] * inv * from(weight[i]));                 \
     }                                                                                                                \
 }
 
 /* qkv [n][(heads + 2 kv_heads) d]: the rows' queries, keys and values, head after head. cos, sin [n][d] float32: each
    row's rotation (the two halves of a head rotate together). Writes q [heads][n][d], rotated, and each row's key
-   (rotated) and value at position length + row of keys, values [kv_heads][room][d]. */
-#define ROTATE_WRITE(name, T, from, to)                                                                               \
-void name(const T* qkv, const float* cos, const float* sin, int n, int heads, int kv_heads, int d,                  \
-          T* q, T* keys, T* values, int room, int length) {                                                          \
+   (rotated) and value at position length + row of keys, values [kv_heads][room][d]. Nothing written overlaps qkv
+   (restrict: so the rotation vectorises for float32 too). */
+#define ROTATE_WRITE(name, T, from, to)                                                                              \
+void name(const T* restrict qkv, const float* cos, const float* sin, int n, int heads, int kv_heads, int d,          \
+          T* restrict q, T* restrict keys, T* values, int room, int length) {                                        \
     int width = (heads + 2 * kv_heads) * d, half = d / 2;                                                            \
     for (int r = 0; r < n; r++) {                                                                                    \
         const T* row = qkv + (size_t)r * width;                                                                      \
@@ -90,7 +93,7 @@ void name(const T* qkv, const float* cos, const float* sin, int n, int heads, in
 }
 
 /* gate_up [n][2 inter] (gate, then up) -> out [n][inter] = silu(gate) * up */
-#define SILU_MUL(name, T, from, to)                                                                                   \
+#define SILU_MUL(name, T, from, to)                                                                                  \
 void name(const T* gate_up, int n, int inter, T* out) {                                                              \
     for (int r = 0; r < n; r++) {                                                                                    \
         const T *g = gate_up + (size_t)r * 2 * inter, *u = g + inter;                                                \

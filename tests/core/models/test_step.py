@@ -53,6 +53,51 @@ def test_the_written_forwards_small_operations_are_pytorchs_up_to_rounding(suffi
     assert not keys[:, :length].any() and not keys[:, length + n:].any()  # nothing written outside its rows
 
 
+def small_operations(lib, seed: int = 0) -> list[torch.Tensor]:
+    """Every output of step_ops.c's six functions on rows of a model's widths and of an odd one, with activations
+    across the exponential's whole range."""
+    g = torch.Generator().manual_seed(seed)
+    outs = []
+    for suffix, dtype in (("", torch.bfloat16), ("_f32", torch.float32)):
+        add_norm, silu_mul, rotate_write = (getattr(lib, name + suffix) for name in ("add_norm", "silu_mul", "rotate_write"))
+        for n, dim, inter in ((5, 1536, 8960), (3, 100, 37)):
+            h, add = torch.randn(n, dim, generator=g) * 3, (torch.randn(n, dim, generator=g) * 5).to(dtype)
+            weight, out = (torch.rand(dim, generator=g) + 0.5).to(dtype), torch.empty(n, dim, dtype=dtype)
+            add_norm(h.data_ptr(), add.data_ptr(), weight.data_ptr(), n, dim, 1e-6, out.data_ptr())
+            gate_up = (torch.randn(n, 2 * inter, generator=g) * 40).to(dtype)
+            act = torch.empty(n, inter, dtype=dtype)
+            silu_mul(gate_up.data_ptr(), n, inter, act.data_ptr())
+            heads, kv, d, room = 12, 2, 128, n + 4
+            qkv = torch.randn(n, (heads + 2 * kv) * d, generator=g).to(dtype)
+            cos, sin = torch.rand(n, d, generator=g), torch.rand(n, d, generator=g)
+            q, keys, values = torch.empty(heads, n, d, dtype=dtype), torch.zeros(kv, room, d, dtype=dtype), torch.zeros(kv, room, d, dtype=dtype)
+            rotate_write(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), n, heads, kv, d, q.data_ptr(), keys.data_ptr(),
+                         values.data_ptr(), room, 4)
+            outs += [h, out, act, q, keys, values]
+    return outs
+
+
+def test_every_build_of_the_small_operations_computes_the_same_bits(tmp_path, monkeypatch):
+    """The AVX-512 build (where the CPU has it) and the one for any CPU: the same bits, so that a target's logits do not
+    depend on which one ran. Built with contraction allowed, the AVX-512 build's differ: the check can see it."""
+    from specdec_core.models import native
+
+    if not native.AVX512_VNNI <= native.cpu_flags():
+        pytest.skip("this CPU has no AVX-512 (VNNI) to build step_ops.c for")
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+
+    def built(flags):
+        lib, why = native.build(step_module.SOURCE, flags, tmp_path)
+        assert lib is not None, why
+        return small_operations(step_module.bind(lib))
+
+    wide = step_module.FLAGS + native.AVX512_VNNI_FLAGS
+    anywhere, avx512 = built(step_module.FLAGS), built(wide)
+    assert all(torch.equal(a, b) for a, b in zip(anywhere, avx512, strict=True))
+    fused = built([f for f in wide if f != "-ffp-contract=off"] + ["-ffp-contract=fast"])
+    assert not all(torch.equal(a, b) for a, b in zip(anywhere, fused, strict=True))
+
+
 def test_where_the_draft_steps_operations_cannot_be_built_the_draft_takes_the_general_forward(tiny, monkeypatch, tmp_path):
     draft = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16))  # its int4 product built as it is
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))

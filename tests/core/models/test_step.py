@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec_core.cache import CachedModel, TreeInput
-from specdec_core.models import quant
+from specdec_core.models import native, quant
 from specdec_core.models import step as step_module
 from specdec_core.models.quant import cheapen_draft
 from specdec_core.models.step import DecodeStep
@@ -70,21 +70,18 @@ def small_operations(lib, seed: int = 0) -> list[torch.Tensor]:
             heads, kv, d, room = 12, 2, 128, n + 4
             qkv = torch.randn(n, (heads + 2 * kv) * d, generator=g).to(dtype)
             cos, sin = torch.rand(n, d, generator=g), torch.rand(n, d, generator=g)
-            q, keys, values = torch.empty(heads, n, d, dtype=dtype), torch.zeros(kv, room, d, dtype=dtype), torch.zeros(kv, room, d, dtype=dtype)
+            q, keys, values = torch.empty(heads, n, d, dtype=dtype), *torch.zeros(2, kv, room, d, dtype=dtype)
             rotate_write(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), n, heads, kv, d, q.data_ptr(), keys.data_ptr(),
                          values.data_ptr(), room, 4)
             outs += [h, out, act, q, keys, values]
     return outs
 
 
-def test_every_build_of_the_small_operations_computes_the_same_bits(tmp_path, monkeypatch):
+def test_every_build_of_the_small_operations_computes_the_same_bits(tmp_path):
     """The AVX-512 build (where the CPU has it) and the one for any CPU: the same bits, so that a target's logits do not
     depend on which one ran. Built with contraction allowed, the AVX-512 build's differ: the check can see it."""
-    from specdec_core.models import native
-
     if not native.AVX512_VNNI <= native.cpu_flags():
         pytest.skip("this CPU has no AVX-512 (VNNI) to build step_ops.c for")
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
 
     def built(flags):
         lib, why = native.build(step_module.SOURCE, flags, tmp_path)

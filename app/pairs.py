@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from specdec_core import load_pair
-from specdec_core.models import LoadOptions
+from specdec_core.models import LoadOptions, dtype_name
 from specdec_core.messages import Note, Refusal, cut
 from specdec_core.theory import expected_speedup
 from specdec_core.timing import probe_costs
@@ -157,7 +157,7 @@ class PairManager:
             seconds = time.perf_counter() - t0
             verdict = self.gpu_verdict(pair) if self.probe and pair.device.type == "cuda" else []
             self.pair, self.spec = pair, spec
-            dtype = str(pair.dtype).replace("torch.", "")
+            dtype = dtype_name(pair.dtype)
             info = pair.info
             self.says = [("status_ready", dict(target=info.target, draft=info.draft, device=pair.device,
                                                weights=Weights(info.target_weights or dtype, info.target_prepacked),

@@ -14,7 +14,7 @@ from specdec_core import SpecConfig, autoregressive_generate, make_drafter, spec
 from specdec_core.drafters import DRAFTERS
 from specdec_core.engine import encode_request
 from specdec_core.events import RoundEvent, Stats
-from specdec_core.models import first_divergence
+from specdec_core.models import dtype_name, first_divergence
 from specdec_core.race import interleave
 from specdec_core.text import Detokenizer, token_text
 
@@ -83,7 +83,7 @@ def start_race(pair, prompt: str, cfg: SpecConfig, drafter: str = DRAFTERS[0], p
     lane = Lane("plain", autoregressive_generate(pair, ids, cfg), Detokenizer(pair.tokenizer, skip_special_tokens=True))
     lane.done = not plain
     meta = {"pair": pair.name, "target": pair.info.target, "draft": pair.info.draft, "drafter": drafter,
-            "device": str(pair.device), "dtype": str(pair.dtype).replace("torch.", ""), "prompt": prompt}
+            "device": str(pair.device), "dtype": dtype_name(pair.dtype), "prompt": prompt}
     order = interleave({one.name: one.stream for one in (lane, spec) if not one.done})
     return Race(lane, spec, cfg, pair.tokenizer, meta=meta, compare=lambda a, b: first_divergence(pair, ids, a, b),
                 order=order)

@@ -23,7 +23,7 @@ import torch
 from .. import SpecConfig, autoregressive_generate, generate, load_pair, make_drafter, speculative_generate
 from ..drafters import DRAFTERS
 from ..engine import encode_request
-from ..models import LoadOptions, first_divergence
+from ..models import LoadOptions, dtype_name, first_divergence
 from ..events import summarize
 from ..race import race as run_race
 from ..theory import measured_costs, predicted_speedup
@@ -245,7 +245,7 @@ def load_variants(args, cfg: SpecConfig, prompt: str) -> tuple[dict, dict, dict]
 def describe(pair, cfg: SpecConfig, args) -> dict:
     """What a variant's report says of the models, the machine and the settings it ran."""
     return {"pair": pair.name, "models": {"target": pair.info.target, "draft": pair.info.draft},
-            "device": str(pair.device), "dtype": str(pair.dtype).replace("torch.", ""),
+            "device": str(pair.device), "dtype": dtype_name(pair.dtype),
             "target_weights": pair.info.target_weights,
             "cpu_kernels": {k: getattr(pair.info, k) for k in ("draft_quant", "draft_int4", "packed", "target_int8")
                             if getattr(pair.info, k)},

@@ -12,7 +12,7 @@ from ..config import MAX_GUESS
 from ..messages import Note, Refusal
 from .attention import GROUPED, ROWS
 from .kquant import library as kquant_library
-from .pair import Pair, PairInfo, Progress, check_tokenizers, dtype_named, make_pair, pick_device, pick_dtype
+from .pair import Pair, PairInfo, Progress, check_tokenizers, dtype_name, dtype_named, make_pair, pick_device, pick_dtype
 from .step import DecodeStep
 
 TARGET_QUANTS = ("auto", "off", "int8", "blocks")  # how the target may compute (load_pair's target_quant)
@@ -86,7 +86,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOp
         pair.draft.set_attn_implementation(GROUPED)
         if DecodeStep.fits(pair.draft):  # its decoding steps written out (step.py); prompts and trees as above
             pair.steps["draft"] = DecodeStep(pair.draft)
-    pair.info.target_weights, pair.info.target_quant = str(dt).replace("torch.", ""), quant
+    pair.info.target_weights, pair.info.target_quant = dtype_name(dt), quant
     if quant in ("blocks", "int8"):
         make_exact(pair, quant, saved, progress)
     if dev.type == "cpu":
@@ -127,7 +127,7 @@ def read_models(target: str, draft: str | None, o: LoadOptions, quant: str, chea
         from .bundled import DRAFT, TARGET, load_bundled
         pair, root = load_bundled(dev, dt, progress, o.cache_dir, exact=quant == "blocks",
                                   lazy=(quant == "int8" and dev.type == "cpu", cheap_draft and dev.type == "cpu"))
-        kind = str(dt).replace("torch.", "")  # weights made from values of another dtype are other weights
+        kind = dtype_name(dt)  # weights made from values of another dtype are other weights
         return pair, {"draft": (root / f"{DRAFT.slug}-int4-{kind}.safetensors", DRAFT.sha256),
                       "target": (root / f"{TARGET.slug}-int8-{kind}.safetensors", TARGET.sha256)}
     if draft is None:

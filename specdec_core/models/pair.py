@@ -72,6 +72,11 @@ def pick_device(device: str = "auto") -> torch.device:
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """"bfloat16" for torch.bfloat16: as DTYPES names it, in reports and the cache's file names."""
+    return str(dtype).removeprefix("torch.")
+
+
 def dtype_named(name: str) -> torch.dtype:
     try:
         return DTYPES[name]

@@ -7,12 +7,13 @@
    one-token step. The product reads each weight once for up to ROWS rows, so a pass of a few rows costs little
    more than a step, which waits on memory.
 
-   Layout (pack in int8_vnni.py): N padded to a multiple of 32, [N / 16][K / 4][16 outputs][4 inputs]. vpdpbusd
+   Layout (int8_vnni_pack): N padded to a multiple of 32, [N / 16][K / 4][16 outputs][4 inputs]. vpdpbusd
    multiplies unsigned bytes by signed ones, so a row goes in as its int8 values plus 128, and 128 times each
    output's weight sum (colsum) is taken off the integer sum. */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define ROWS 6        /* rows per register tile: 2 x ROWS accumulators, two weight vectors, one broadcast */
 #define AHEAD 4096    /* bytes of weights prefetched ahead: the loads of a tile come late behind its arithmetic */
@@ -54,6 +55,21 @@ INLINE void tile1(const int8_t* w0, const int8_t* w1, const uint8_t* x, int K, _
     }
     acc[0] = _mm512_add_epi32(a0, a1);
     acc[1] = _mm512_add_epi32(b0, b1);
+}
+
+/* q [N][K] int8 (N a multiple of 32) -> w in the layout above, and each output's weight sum */
+void int8_vnni_pack(const int8_t* q, int N, int K, int8_t* w, int32_t* colsum, int threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int n = 0; n < N; n++) {
+        const int8_t* row = q + (size_t)n * K;
+        int8_t* out = w + (size_t)(n / 16) * 16 * K + (n % 16) * 4;
+        int32_t sum = 0;
+        for (int k = 0; k < K; k += 4) {
+            memcpy(out + (size_t)k * 16, row + k, 4);
+            sum += row[k] + row[k + 1] + row[k + 2] + row[k + 3];
+        }
+        colsum[n] = sum;
+    }
 }
 
 /* the largest magnitude in a row (a maximum: the same whatever the order) */

@@ -28,6 +28,7 @@ def library() -> tuple[ctypes.CDLL | None, str]:
     if lib is not None:
         lib.int8_vnni_mm.restype = ctypes.c_int
         lib.int8_vnni_mm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
+        lib.int8_vnni_pack.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 2 + [ctypes.c_int]
     return lib, why
 
 
@@ -42,9 +43,11 @@ class Int8Product:
         n, k = qweight.shape
         pad = -n % 32
         self.out_features, self.in_features = n, k
-        q = torch.cat([qweight, qweight.new_zeros(pad, k)]) if pad else qweight
-        self.weight = q.view(-1, 16, k // 4, 4).transpose(1, 2).contiguous()
-        self.colsum = q.sum(1, dtype=torch.int32)
+        q = (torch.cat([qweight, qweight.new_zeros(pad, k)]) if pad else qweight).contiguous()
+        self.weight = torch.empty(len(q) // 16, k // 4, 16, 4, dtype=torch.int8)
+        self.colsum = torch.empty(len(q), dtype=torch.int32)
+        library()[0].int8_vnni_pack(q.data_ptr(), len(q), k, self.weight.data_ptr(), self.colsum.data_ptr(),
+                                    torch.get_num_threads())
         grow = lambda t: torch.cat([t.float(), t.new_zeros(pad, dtype=torch.float32)]).contiguous()
         self.scale = grow(scale)
         self.bias = None if bias is None else grow(bias)

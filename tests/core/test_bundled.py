@@ -130,6 +130,26 @@ def test_a_damaged_quantised_draft_is_made_again_never_loaded(tmp_path, damage):
 
 @pytest.mark.slow
 @pytest.mark.bundled
+def test_the_kept_tokenizer_is_read_only_while_its_files_match_their_digests(tmp_path):
+    """A first start makes the tokenizer from the checked target file and keeps it; a warm start reads it, unless one
+    byte of its files changed: then it is made again."""
+    from specdec_core.models.gguf_model import GGUF
+
+    target = GGUF(bundled.checked_parts(bundled.TARGET))
+    made = bundled.tokenizer_of(target, tmp_path, bundled.TARGET.sha256)
+    vocabulary = next(tmp_path.glob("tokenizer-*")) / "tokenizer.json"
+    whole, stamp = vocabulary.read_bytes(), vocabulary.stat().st_mtime_ns
+    kept = bundled.tokenizer_of(target, tmp_path, bundled.TARGET.sha256)
+    text = "def prime(n):  # é, 中文"
+    assert kept.encode(text) == made.encode(text) and kept.chat_template == made.chat_template
+    assert vocabulary.stat().st_mtime_ns == stamp  # read, not made again
+    vocabulary.write_bytes(whole.replace(b'"def"', b'"dfe"', 1))
+    assert bundled.tokenizer_of(target, tmp_path, bundled.TARGET.sha256).encode(text) == made.encode(text)
+    assert vocabulary.read_bytes() == whole
+
+
+@pytest.mark.slow
+@pytest.mark.bundled
 def test_a_first_start_killed_midway_leaves_no_process_behind(tmp_path):
     """The bundled models are read and converted on threads of the process itself: killing it mid-start leaves
     nothing running (an earlier version's conversion workers outlived it, blocked on a pipe, holding 3.4 GB)."""

@@ -19,6 +19,7 @@ The draft's precision changes only how many drafts are accepted, never the outpu
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -270,9 +271,17 @@ def replace_saved(model: nn.Module, make, saved: Path | None, source: str) -> No
         digest.with_name(digest.name + ".partial").replace(digest)
 
 
-def file_digest(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+def file_digest(*paths: Path) -> str:
+    """The SHA-256 of the files' bytes, one after another. Each is hashed from a map of it in one call, which leaves
+    the GIL free for the whole file: read in chunks, each chunk takes the GIL back, and beside a busy thread (the app
+    imports gradio while the pair loads) 1 MB chunks took 12 s for the bundled target's 1.1 GB, a map 1.2 s."""
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size:  # an empty file cannot be mapped, and adds nothing
+                with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+                    h.update(m)
+    return h.hexdigest()
 
 
 def read(linear: nn.Linear) -> nn.Linear:

@@ -80,6 +80,9 @@ def test_the_parts_are_checked_against_the_pinned_sha256_before_they_are_read(tm
     with pytest.raises(Refusal, match="Checksum mismatch for test") as refused:
         bundled.checked_parts(model)
     assert refused.value.key == "bundled_damaged"  # said in the visitor's language by the app
+    parts[1].write_bytes(b"")  # emptied (a map of it cannot be made): refused the same way
+    with pytest.raises(Refusal, match="Checksum mismatch for test"):
+        bundled.checked_parts(model)
 
 
 def test_converted_copies_of_earlier_versions_are_removed_and_nothing_else(tmp_path):

@@ -70,12 +70,14 @@ def digests(folder: Path) -> dict:
 def tokenizer_of(gguf: GGUF, root: Path, sha256: str):
     """The tokenizer made from the target's file (transformers' conversion, a second), kept in the cache with the
     digest of its files; a folder whose files do not match it is made again."""
-    from transformers import AutoTokenizer, Qwen2Tokenizer
+    from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
 
     folder = root / f"tokenizer-{sha256[:16]}"
     try:
         if json.loads((folder / MANIFEST).read_text()) == digests(folder):
-            return AutoTokenizer.from_pretrained(folder)
+            # the kept tokenizer.json read whole by the tokenizers library: Qwen2's class would first parse it in
+            # Python to rebuild the same tokenizer from its vocabulary and merges (0.8-0.9 s against 0.6 s here)
+            return PreTrainedTokenizerFast.from_pretrained(folder)
     except (OSError, ValueError):
         pass
     with locked(root), tempfile.TemporaryDirectory(dir=root) as tmp:

@@ -143,8 +143,11 @@ def test_the_kept_tokenizer_is_read_only_while_its_files_match_their_digests(tmp
     vocabulary = next(tmp_path.glob("tokenizer-*")) / "tokenizer.json"
     whole, stamp = vocabulary.read_bytes(), vocabulary.stat().st_mtime_ns
     kept = bundled.tokenizer_of(target, tmp_path, bundled.TARGET.sha256)
-    text = "def prime(n):  # é, 中文"
-    assert kept.encode(text) == made.encode(text) and kept.chat_template == made.chat_template
+    text = "def prime(n):  # é, 中文 <|im_end|>"
+    chat = [{"role": "user", "content": text}]
+    assert kept.encode(text) == made.encode(text) and kept.decode(made.encode(text)) == text
+    assert kept.apply_chat_template(chat, add_generation_prompt=True) == made.apply_chat_template(chat, add_generation_prompt=True)
+    assert (kept.eos_token_id, kept.pad_token_id, len(kept)) == (made.eos_token_id, made.pad_token_id, len(made))
     assert vocabulary.stat().st_mtime_ns == stamp  # read, not made again
     vocabulary.write_bytes(whole.replace(b'"def"', b'"dfe"', 1))
     assert bundled.tokenizer_of(target, tmp_path, bundled.TARGET.sha256).encode(text) == made.encode(text)

@@ -46,7 +46,9 @@ so every token has the target's own distribution (greedy: keep a draft token onl
 K+1 tokens costs little more than over one. With acceptance rate a, a round yields (1 − a^(K+1)) / (1 − a)
 tokens for the price of K draft steps and one target pass. By default a draft also stops early, once the draft's
 own confidence that all of it is right (the product of its top probabilities) falls below a threshold: it drafts
-long where it is sure and short where it is not, so K is the most it drafts. Where the text repeats two or three
+long where it is sure and short where it is not, so K is the most it drafts. Where the target has accepted less of
+this answer's drafts than the draft expected (a language it knows less, a sampled chat), that confidence is
+discounted by the ratio, and drafts stop sooner. Where the text repeats two or three
 tokens seen before, a draft step also checks the tokens that followed them there, in the same forward: each one
 the draft then draws costs it no step of its own.
 
@@ -67,6 +69,8 @@ memória, uma passada sobre K+1 tokens custa pouco mais que sobre um. Com taxa d
 (1 − a^(K+1)) / (1 − a) tokens pelo preço de K passos do rascunho e uma passada do alvo. Por padrão o rascunho
 também para antes, quando a confiança do próprio rascunho de que tudo está certo (o produto das suas maiores
 probabilidades) cai abaixo de um limiar: rascunha muito onde tem certeza e pouco onde não tem; K é o máximo.
+Onde o alvo aceitou menos dos rascunhos desta resposta do que o rascunho esperava (uma língua que ele conhece
+menos, uma conversa amostrada), essa confiança é descontada por essa razão, e os rascunhos param antes.
 Onde o texto repete dois ou três tokens já vistos, um passo do rascunho também confere, na mesma passada, os
 tokens que vieram depois deles: cada um que o rascunho então sorteia não lhe custa um passo próprio.
 
@@ -109,8 +113,10 @@ mostra o primeiro token em que as saídas se separam e o logit do alvo para cada
                  "K adaptativo (cresce após aceitação total, diminui após uma rejeição)"),
     "confidence": ("Cut a draft when the draft's confidence in it falls below",
                    "Cortar o rascunho quando a confiança do rascunho nele cair abaixo de"),
-    "confidence_info": ("confidence = the product of its top probabilities so far; 0 = always draft K tokens",
-                        "confiança = o produto das suas maiores probabilidades até aqui; 0 = sempre rascunhar K tokens"),
+    "confidence_info": ("confidence = the product of its top probabilities so far, discounted where this answer's drafts "
+                        "were accepted less than that; 0 = always draft K tokens",
+                        "confiança = o produto das suas maiores probabilidades até aqui, descontado onde os rascunhos "
+                        "desta resposta foram aceitos menos do que isso; 0 = sempre rascunhar K tokens"),
     "generate": ("Generate", "Gerar"),
     "stop": ("Stop", "Parar"),
     "plain_title": ("Plain decoding (target only)", "Decodificação comum (só o alvo)"),

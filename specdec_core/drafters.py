@@ -28,14 +28,15 @@ from .timing import tree_costs
 from .transfer import upload
 
 TREE_WIDTH = 4  # a tree node's children
+TRUST_PRIOR = 4.0  # tokens of belief in the draft's estimate before any chain is judged (ModelDrafter.trust)
 
 
 class ModelDrafter:
     """A small causal LM drafts k tokens autoregressively, sampling each from warped q.
 
-    The confidence cut (cfg.min_confidence) stops a draft once the product of the draft's top
-    probabilities falls below the threshold. A CPU reads each step's confidence and stops there: the
-    read costs nothing and the steps saved are slow. A GPU must not wait for the host between steps,
+    The confidence cut (cfg.min_confidence) stops a draft once the product of the draft's top probabilities (on a
+    CPU, times the trust earlier chains earned) falls below the threshold. A CPU reads each step's confidence and
+    stops there: the read costs nothing and the steps saved are slow. A GPU must not wait for the host between steps,
     so it drafts all k and the cut becomes the draft's `size`, a number that stays on the device.
     """
 
@@ -52,11 +53,21 @@ class ModelDrafter:
         self.fed: Fed | None = None  # the drafted nodes fed to the cache in the last round
         self.forwards = 1  # draft forwards the last tree took: this round's sizing must not depend on its own draws
         self.guessed = 0  # nodes, over all drafts, whose distribution came with a guess (no forward of their own)
+        self.judged, self.judging = [0.0, 0.0], None  # see trust
 
     def start(self, ids):
         self.lm.reset()
         self.lm.prefill(ids[:-1])
-        self.fed = None
+        self.fed, self.judged, self.judging = None, [0.0, 0.0], None
+
+    def trust(self) -> float:
+        """How far this generation's chains have borne out the draft's own estimate of the tokens the target accepts
+        (the sum of their ranks), at most 1, and 1 until a few tokens are judged. A chain is cut where its rank times
+        this falls below cfg.min_confidence: where the target accepts less than the draft believes (a language the
+        draft knows less, a sampled chat), chains stop sooner, as the steps past that point cost more than they bring.
+        The cut depends on earlier rounds and the draft's own draws only, never on this round's verification."""
+        accepted, expected = self.judged
+        return min(1.0, (accepted + TRUST_PRIOR) / (expected + TRUST_PRIOR))
 
     def propose(self, ids, k, cfg, generator) -> Draft:
         """A tree up to k deep, grown a level at a time (EAGLE-2's scheme); a chain (cfg.tree_nodes = 0) is the
@@ -111,11 +122,11 @@ class ModelDrafter:
         start, limit = len(ids), cfg.tree_nodes or k
         path = list(ids)  # the committed tokens and the chain's so far
         logits, pending = self.feed(ids[self.lm.length:], 1, ids, path, min(cfg.guess, min(k, limit) - 1))
-        g, frontier, forwards = Grown(), [-1], 1
+        g, frontier, forwards, trust = Grown(), [-1], 1, 1.0 if cfg.tree_nodes else self.trust()
         for depth in range(k):
             level = g.add_level(frontier, *self.draw(g, logits, width, cfg, generator))
             chain_node = next(i for i in level if g.nodes[i].chain)
-            if depth + 1 >= min(k, limit) or g.nodes[chain_node].rank < cfg.min_confidence:
+            if depth + 1 >= min(k, limit) or g.nodes[chain_node].rank * trust < cfg.min_confidence:
                 break
             frontier = self.next_frontier(g, level, chain_node, cfg)
             path.append(g.nodes[chain_node].token)
@@ -168,6 +179,8 @@ class ModelDrafter:
         keep = sorted(order[:n])
         slot = {node: j for j, node in enumerate(g.fed)}  # where each fed node sits in the cache, after `start`
         self.fed = Fed(start, [nodes[i].token for i in g.fed], [slot.get(nodes[i].parent, -1) for i in g.fed])
+        if not cfg.tree_nodes:  # a chain's tokens and the draft's estimate of those accepted, judged at commit
+            self.judging = (start, [nodes[i].token for i in keep], sum(nodes[i].rank for i in keep))
         if not keep:  # no node pays for its row: a plain step
             return Draft(torch.empty(0, dtype=torch.long, device=self.lm.device), None)
         renumber = {old: new for new, old in enumerate(keep)}
@@ -193,6 +206,12 @@ class ModelDrafter:
                      torch.stack(g.raw) if cfg.record_top else None, size, torch.stack(g.failed).any(), steps=len(tokens))
 
     def commit(self, ids):
+        if self.judging:  # the chain's tokens the target kept: a rejected one is never the token put in its place
+            start, tokens, expected = self.judging
+            kept = ids[start:]
+            accepted = next((i for i, t in enumerate(tokens) if i >= len(kept) or kept[i] != t), len(tokens))
+            self.judged = [self.judged[0] + accepted, self.judged[1] + expected]
+            self.judging = None
         # keep only the committed prefix; the newest committed token is fed next round
         if self.fed:  # keep the fed nodes the committed tokens walk through (a chain's: a prefix, kept in place)
             start, tokens, parents = self.fed

@@ -122,6 +122,23 @@ def test_speculative_samples_follow_the_target(toy_pair, cfg, drafter):
     assert p_value(toy_pair, cfg, drafter) > 1e-3
 
 
+def test_chains_cut_by_the_trust_earlier_rounds_earned_follow_the_target(toy_pair, monkeypatch):
+    """ModelDrafter.trust cuts a chain sooner where earlier rounds accepted fewer tokens than the draft estimated: a
+    cut that depends on the rounds before and the draft's own draws, never on this round's verification. Without
+    its prior it acts from the second round on; the samples still follow the target. Dropping the node where the
+    cut falls when its own draw was unlikely (a cut that reads the token drawn) is caught."""
+    monkeypatch.setattr(drafters, "TRUST_PRIOR", 1e-3)
+    trusts, trust = [], ModelDrafter.trust
+    monkeypatch.setattr(ModelDrafter, "trust", lambda self: trusts.append(trust(self)) or trusts[-1])
+    assert p_value(toy_pair, CUT) > 1e-3
+    assert sum(t < 0.5 for t in trusts) > SAMPLES / 4  # the cut moved by it often
+    mutate(monkeypatch, ModelDrafter, "grow",
+           ("        if depth + 1 >= min(k, limit)", "        if g.nodes[chain_node].rank * trust < cfg.min_confidence "
+            "and g.qs[-1][g.nodes[chain_node].token] < 0.5:\n            g.nodes.pop()\n            break\n"
+            "        if depth + 1 >= min(k, limit)"))
+    assert p_value(toy_pair, CUT) < 1e-3
+
+
 def test_prompt_lookup_s_samples_follow_the_target(toy_pair):
     """As it is made by name: proposing after a match of 2 tokens or more. The prompt ends with a 2-gram it holds
     earlier, so the first round proposes what followed it."""

@@ -76,10 +76,42 @@ def test_low_draft_confidence_stops_the_draft_early_and_stays_lossless(tiny, on_
     out = generate(pair, PROMPT, cfg, drafter=ModelDrafter(pair.cached("draft"), cut_on_device=on_device))
     assert out.token_ids == generate(pair, PROMPT, cfg, "autoregressive").token_ids
     assert any(len(e.drafted) < e.k for e in out.events)
-    for e in out.events:  # cut exactly where the product of the draft's top probabilities falls below 0.5
-        sure = [math.prod(top[0][1] for top in e.draft_top[: i + 1]) for i in range(len(e.drafted))]
+    for e in out.events:  # cut exactly where the product of the draft's top probabilities falls below 0.5 (this
+        sure = confidences(e)  # draft's estimates have held: its trust is 1)
         assert all(s >= 0.5 for s in sure[:-1])
         assert len(e.drafted) == e.k or sure[-1] < 0.5
+
+
+def confidences(event) -> list[float]:
+    """The draft's confidence in each prefix of its chain: the product of its top probabilities."""
+    return [math.prod(top[0][1] for top in event.draft_top[: i + 1]) for i in range(len(event.drafted))]
+
+
+def test_chains_are_cut_sooner_once_the_target_accepts_less_than_the_draft_estimates():
+    """trust: (tokens accepted + 4) / (the draft's estimate of them + 4) over the generation's chains so far, at most
+    1; a chain stops where its confidence times that falls below the cut. Two random models over six tokens: the
+    draft is sure of itself and mostly wrong. Greedy output stays plain decoding's; a new generation trusts again."""
+    pair, prompt = small_vocabulary_pair(), [0, 1, 2, 3, 4, 5, 1, 2]
+    cfg = SpecConfig(k=8, max_new_tokens=120, min_confidence=0.5, record_top=1, guess=0)
+    drafter, trusts = ModelDrafter(pair.cached("draft")), []
+    trust = drafter.trust
+    drafter.trust = lambda: trusts.append(trust()) or trusts[-1]
+    events = list(speculative_generate(pair, prompt, cfg, drafter))
+    drafted = [e for e in events if e.k]  # a last round with room for no draft asks nothing
+    assert len(trusts) == len(drafted) and trusts[0] == 1.0
+    assert [t for e in events for t in e.committed] == [t for e in autoregressive_generate(pair, prompt, cfg)
+                                                        for t in e.committed]
+    accepted, expected = sum(e.accepted for e in events), sum(e.expected for e in events)
+    assert drafter.judged == pytest.approx([accepted, expected])
+    assert trust() == pytest.approx(min(1.0, (accepted + 4) / (expected + 4))) and trust() < 0.8
+    cut_by_trust = 0
+    for e, t in zip(drafted, trusts):
+        sure = [t * c for c in confidences(e)]
+        assert all(s >= 0.5 for s in sure[:-1]) and (len(e.drafted) == e.k or sure[-1] < 0.5)
+        cut_by_trust += len(e.drafted) < e.k and confidences(e)[-1] >= 0.5
+    assert cut_by_trust > 5
+    drafter.start(prompt)
+    assert trust() == 1.0
 
 
 def scanned(ids: list[int], k: int, most: int = 3) -> list[int]:

@@ -76,8 +76,9 @@ def test_low_draft_confidence_stops_the_draft_early_and_stays_lossless(tiny, on_
     out = generate(pair, PROMPT, cfg, drafter=ModelDrafter(pair.cached("draft"), cut_on_device=on_device))
     assert out.token_ids == generate(pair, PROMPT, cfg, "autoregressive").token_ids
     assert any(len(e.drafted) < e.k for e in out.events)
-    for e in out.events:  # cut exactly where the product of the draft's top probabilities falls below 0.5 (this
-        sure = confidences(e)  # draft's estimates have held: its trust is 1)
+    # cut exactly where the product of the draft's top probabilities falls below 0.5 (this draft's trust stays 1)
+    for e in out.events:
+        sure = confidences(e)
         assert all(s >= 0.5 for s in sure[:-1])
         assert len(e.drafted) == e.k or sure[-1] < 0.5
 

@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "exp_le0.h"
+
 #define QK 256
 #define Q4_RAW 144
 #define Q6_RAW 210
@@ -417,25 +419,6 @@ static float dot(const float* a, const float* b, int d) {
     for (int t = 0; t < d; t += 16)
         for (int l = 0; l < 16; l++) acc[l] += a[t + l] * b[t + l];
     return lanes_sum(acc);
-}
-
-/* e^x for x <= 0: x = (k + f) ln 2, k the nearest integer (a float's rounding, |t| < 2^22), 2^f = e^(f ln 2) by its
-   series to the 7th power (|f ln 2| <= 0.35: error under 1e-8); no library call, so that it vectorises */
-static inline float exp_le0(float x) {
-    const float t = (x < -87.f ? -87.f : x) * 1.44269504088896341f, k = (t + 12582912.f) - 12582912.f;
-    const float f = (t - k) * 0.693147180559945f;
-    float p = 1.f / 5040.f;
-    p = p * f + 1.f / 720.f;
-    p = p * f + 1.f / 120.f;
-    p = p * f + 1.f / 24.f;
-    p = p * f + 1.f / 6.f;
-    p = p * f + 0.5f;
-    p = p * f + 1.f;
-    p = p * f + 1.f;
-    const int32_t bits = ((int32_t)k + 127) << 23;
-    float two_k;
-    memcpy(&two_k, &bits, 4);
-    return p * two_k;
 }
 
 static void attend_row(const float* q, const float* keys, const float* values, int count, const int32_t* idx, int d,

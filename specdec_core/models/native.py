@@ -30,6 +30,8 @@ def cpu_flags() -> set[str]:
         return set()
 
 
+HEADERS = Path(__file__).parent  # what the kernels include of their own
+
 AVX512_VNNI = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c"}  # as /proc/cpuinfo names them
 AVX512_VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c"]  # and as gcc does
 
@@ -65,7 +67,10 @@ def build(source: Path, flags: list[str], folder: Path | None = None) -> tuple[c
     cc = shutil.which(os.environ.get("CC", "gcc"))
     if cc is None:
         return None, "no C compiler (gcc or $CC) to build it"
-    key = hashlib.sha256(b"\0".join([source.read_bytes(), " ".join(flags).encode(), cc.encode()])).hexdigest()[:16]
+    # the headers it may include (exp_le0.h: beside it, else the package's) are part of the build: a change to one
+    # builds again what includes it
+    headers = [h.read_bytes() for h in sorted({*source.parent.glob("*.h"), *HEADERS.glob("*.h")})]
+    key = hashlib.sha256(b"\0".join([source.read_bytes(), *headers, " ".join(flags).encode(), cc.encode()])).hexdigest()[:16]
     folder = folder or default_cache_dir() / "kernels"
     built = folder / f"{source.stem}-{key}.so"
     try:
@@ -76,7 +81,8 @@ def build(source: Path, flags: list[str], folder: Path | None = None) -> tuple[c
             if not built.exists():
                 with tempfile.TemporaryDirectory(dir=folder) as tmp:
                     out = Path(tmp) / built.name
-                    subprocess.run([cc, *flags, str(source), "-o", str(out)], check=True, capture_output=True, timeout=120)
+                    subprocess.run([cc, *flags, f"-I{HEADERS}", str(source), "-o", str(out)], check=True,
+                                   capture_output=True, timeout=120)
                     out.replace(built)  # whole or not at all: another process may be loading it
         return ctypes.CDLL(str(built)), ""
     except (OSError, subprocess.SubprocessError) as e:

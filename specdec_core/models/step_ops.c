@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "exp_le0.h"
+
 static inline float from_bf16(uint16_t v) {
     uint32_t u = (uint32_t)v << 16;
     float f;
@@ -23,26 +25,6 @@ static inline uint16_t to_bf16(float f) {  /* round to nearest even; the values 
     uint32_t u;
     memcpy(&u, &f, 4);
     return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
-
-/* e^x for x <= 0 in float32: x = (k + f) ln 2, k the nearest integer (a float's rounding, |t| < 2^22), 2^f = e^(f ln 2)
-   by its series to the 7th power (|f ln 2| <= 0.35: error under 1e-8). Branch-free, no library call, no conversion
-   to int but the exponent's bits, so that it vectorises on any x86 build. */
-static inline float exp_neg(float x) {
-    const float t = (x < -87.f ? -87.f : x) * 1.44269504088896341f, k = (t + 12582912.f) - 12582912.f;
-    const float f = (t - k) * 0.693147180559945f;
-    float p = 1.f / 5040.f;
-    p = p * f + 1.f / 720.f;
-    p = p * f + 1.f / 120.f;
-    p = p * f + 1.f / 24.f;
-    p = p * f + 1.f / 6.f;
-    p = p * f + 0.5f;
-    p = p * f + 1.f;
-    p = p * f + 1.f;
-    const int32_t bits = ((int32_t)k + 127) << 23;
-    float two_k;
-    memcpy(&two_k, &bits, 4);
-    return p * two_k;
 }
 
 static inline float from_f32(float v) { return v; }
@@ -99,7 +81,7 @@ void name(const T* gate_up, int n, int inter, T* out) {                         
         const T *g = gate_up + (size_t)r * 2 * inter, *u = g + inter;                                                \
         for (int i = 0; i < inter; i++) {                                                                            \
             float x = from(g[i]);                                                                                    \
-            float e = exp_neg(-fabsf(x));  /* silu(x) = x sigmoid(x), sigmoid from e^-|x| without overflow */        \
+            float e = exp_le0(-fabsf(x));  /* silu(x) = x sigmoid(x), sigmoid from e^-|x| without overflow */        \
             float sig = (x >= 0 ? 1.f : e) / (1.f + e);                                                              \
             out[(size_t)r * inter + i] = to(x * sig * from(u[i]));                                                   \
         }                                                                                                            \

@@ -288,17 +288,18 @@ def planted(tmp_path_factory) -> dict:
     needs_kernel()
     if kquant.library()[1] != "avx512-vnni":
         pytest.skip("the planted bugs are in the AVX-512 VNNI build, which this CPU cannot run")
-    source = kquant.SOURCE.read_text()
+    texts = {"kquant.c": kquant.SOURCE.read_text(), "exp_le0.h": (native.HEADERS / "exp_le0.h").read_text()}
     # -O1: half the compile time of -O3, the same arithmetic (the intrinsics are explicit, no contraction): the
     # unplanted source built so (None) must agree, as test_the_planted_builds_flags_compute_the_reference checks
     flags = ["-O1" if flag == "-O3" else flag for flag in kquant.COMMON] + native.AVX512_VNNI_FLAGS
 
     def compiled(name):
         old, new = MUTANTS[name][1:] if name else ("", "")
-        if name and source.count(old) != 1:
-            return f"its text is not once in kquant.c: {old!r}"
-        folder = tmp_path_factory.mktemp("planted")
-        (folder / "kquant.c").write_text(source.replace(old, new) if name else source)
+        if name and sum(text.count(old) for text in texts.values()) != 1:
+            return f"its text is not once in kquant.c and the header it includes: {old!r}"
+        folder = tmp_path_factory.mktemp("planted")  # a header here comes before the package's
+        for file, text in texts.items():
+            (folder / file).write_text(text.replace(old, new) if name else text)
         lib, why = native.build(folder / "kquant.c", flags, folder)
         return why or kquant.bind(lib)
 

@@ -1,7 +1,7 @@
 """Benchmark: plain vs speculative decoding (and transformers' assisted generation) on a prompt set.
 
 python -m specdec_core.bench --pair bundled --json out.json [--compare-hf] [--peer llama.cpp] [--repeats 2]
-    [--k 16] [--min-confidence 0.35] [--max-new-tokens 128] ... (SpecConfig's defaults) [--drafter model]
+    [--k 16] [--min-confidence 0.65] [--max-new-tokens 128] ... (SpecConfig's defaults) [--drafter model]
 
 Speeds are compared as ratios measured in the same run, after a warm-up.
 """

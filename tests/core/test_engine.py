@@ -27,7 +27,7 @@ def test_greedy_speculative_equals_autoregressive(tiny_set, draft, k):
 
 
 def test_acceptance_spans_full_partial_and_zero(tiny_set):
-    stats = generate(with_eos(tiny_set["perturbed"], []), PROMPT, SpecConfig(k=4, max_new_tokens=64)).stats
+    stats = generate(with_eos(tiny_set["perturbed"], []), PROMPT, SpecConfig(k=4, max_new_tokens=64, min_confidence=0.0)).stats
     hist = stats.accepted_length_histogram
     assert hist[0] > 0 and hist[-1] > 0 and sum(hist[1:-1]) > 0
     assert generate(with_eos(tiny_set["unrelated"], []), PROMPT,

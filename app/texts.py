@@ -114,9 +114,10 @@ mostra o primeiro token em que as saídas se separam e o logit do alvo para cada
     "confidence": ("Cut a draft when the draft's confidence in it falls below",
                    "Cortar o rascunho quando a confiança do rascunho nele cair abaixo de"),
     "confidence_info": ("confidence = the product of its top probabilities so far, discounted where this answer's drafts "
-                        "were accepted less than that; 0 = always draft K tokens",
+                        "were accepted less than that; 0 = always draft K tokens (a GPU always does, and verifies them all)",
                         "confiança = o produto das suas maiores probabilidades até aqui, descontado onde os rascunhos "
-                        "desta resposta foram aceitos menos do que isso; 0 = sempre rascunhar K tokens"),
+                        "desta resposta foram aceitos menos do que isso; 0 = sempre rascunhar K tokens (uma GPU sempre "
+                        "rascunha K, e verifica todos)"),
     "generate": ("Generate", "Gerar"),
     "stop": ("Stop", "Parar"),
     "plain_title": ("Plain decoding (target only)", "Decodificação comum (só o alvo)"),

@@ -34,10 +34,11 @@ TRUST_PRIOR = 4.0  # tokens of belief in the draft's estimate before any chain i
 class ModelDrafter:
     """A small causal LM drafts k tokens autoregressively, sampling each from warped q.
 
-    The confidence cut (cfg.min_confidence) stops a draft once the product of the draft's top probabilities (on a
-    CPU, times the trust earlier chains earned) falls below the threshold. A CPU reads each step's confidence and
-    stops there: the read costs nothing and the steps saved are slow. A GPU must not wait for the host between steps,
-    so it drafts all k and the cut becomes the draft's `size`, a number that stays on the device.
+    The confidence cut (cfg.min_confidence) stops a chain once the product of the draft's top probabilities times
+    the trust earlier chains earned falls below the threshold. A CPU reads each step's confidence and stops there: the
+    read costs nothing and the steps saved are slow. A GPU must not wait for the host between steps, so it drafts all
+    k and verifies them all: its steps are paid for either way, and a pass of k + 1 rows costs it what a shorter one
+    does, so a cut there would only give up accepted tokens.
     """
 
     name = "model"
@@ -87,7 +88,7 @@ class ModelDrafter:
         the previous tree took). No node ranks above its parent or an earlier sibling, so what is kept is a tree
         whose siblings are the first ones drawn, as verify.decide requires; and neither a node's rank nor the ranks
         before it depend on the token drawn there or below, so sampled nodes are kept without bias.
-        Each level's choices are read on the host in one transfer; a chain cut on the device reads nothing.
+        Each level's choices are read on the host in one transfer; a GPU's chain (`device_chain`) reads nothing.
         Where a level feeds the chain's node alone, its forward carries up to cfg.guess guesses of the nodes below
         it (`feed`).
         """
@@ -107,15 +108,16 @@ class ModelDrafter:
         return children(q, logits, width, cfg, generator)
 
     def device_chain(self, ids, k, cfg, generator) -> Draft:
-        """A GPU's chain: all k drafted without a read, its cut becoming the draft's size (device_cut)."""
+        """A GPU's chain: all k drafted without a read, and all verified."""
         logits, _ = self.feed(ids[self.lm.length:], 1, ids, list(ids), 0)
         g, chosen = Grown(), []
         for depth in range(k):
-            top, picks = self.draw(g, logits, 1, cfg, generator)
-            chosen.append((top[0, 0], picks[0]))
+            _, picks = self.draw(g, logits, 1, cfg, generator)
+            chosen.append(picks[0])
             if depth + 1 < k:
                 logits = self.lm.forward(picks[0], keep=1)
-        return self.device_cut(chosen, g, cfg)
+        return Draft(torch.cat(chosen), None if cfg.greedy else torch.stack(g.qs),
+                     torch.stack(g.raw) if cfg.record_top else None, torch.stack(g.failed).any(), steps=len(chosen))
 
     def grow(self, ids, k, width, cfg, generator) -> Draft:
         """A chain (with its guesses; width 1) or a tree, a level a forward, each level read on the host."""
@@ -189,21 +191,9 @@ class ModelDrafter:
             earlier = lambda node: [m.token for m in nodes if m.q_row == node.q_row and m.sibling < node.sibling]
             q = torch.stack([without(g.qs[nodes[i].q_row], earlier(nodes[i])) for i in keep])
         shown = torch.stack([g.raw[nodes[i].q_row] for i in keep]) if cfg.record_top else None  # the inspector's
-        return Draft(upload([nodes[i].token for i in keep], self.lm.device, torch.long), q, shown, None,
+        return Draft(upload([nodes[i].token for i in keep], self.lm.device, torch.long), q, shown,
                      torch.stack(g.failed).any(), [renumber.get(nodes[i].parent, -1) for i in keep],
                      sum(nodes[i].rank for i in keep))
-
-    def device_cut(self, chosen, g: Grown, cfg) -> Draft:
-        """A chain drafted without a read: it is cut where the product of its top probabilities falls below
-        cfg.min_confidence, a length that stays on the device."""
-        tops, tokens = zip(*chosen)
-        size = None
-        if cfg.min_confidence:
-            dtype = torch.float32 if self.lm.device.type == "mps" else torch.float64
-            sure = torch.stack(tops).to(dtype).cumprod(0)
-            size = ((sure >= cfg.min_confidence).sum() + 1).clamp(max=len(tokens))
-        return Draft(torch.cat(tokens), None if cfg.greedy else torch.stack(g.qs),
-                     torch.stack(g.raw) if cfg.record_top else None, size, torch.stack(g.failed).any(), steps=len(tokens))
 
     def commit(self, ids):
         if self.judging:  # the chain's tokens the target kept: a rejected one is never the token put in its place

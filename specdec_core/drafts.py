@@ -17,7 +17,6 @@ class Draft:
     tokens: torch.Tensor  # [k'] proposed ids, k' <= k
     q: torch.Tensor | None  # [k', V] distributions they were sampled from; None = deterministic drafter
     logits: torch.Tensor | None = None  # [k', V] raw draft logits, kept only for display (cfg.record_top)
-    size: torch.Tensor | None = None  # () on the device: only the first `size` tokens are the draft (None: all)
     failed: torch.Tensor | None = None  # () bool on the device: the draft produced NaN or +inf logits
     parents: list[int] = None  # each node's parent (-1: the last committed token); a chain's by default
     expected: float = 0.0  # the draft's own estimate of the tokens the target will accept

@@ -114,7 +114,7 @@ def verify_draft(target, last: int, draft: Draft, cfg: SpecConfig, gen, judge) -
     tree = None if parents == chain(len(parents)) else TreeInput(parents)
     logits = target.forward(torch.cat([upload([last], target.device), x]), keep=len(draft) + 1, tree=tree)
     p, failed = warp(logits, cfg.temperature, cfg.top_k, cfg.top_p)
-    d = judge(x, draft.parents, q, p, gen, draft.size)
+    d = judge(x, draft.parents, q, p, gen)
     failed = failed if draft.failed is None else failed | draft.failed.to(failed.device)
     return read_round(dataclasses.replace(draft, tokens=x, q=q, failed=failed), logits, p, d, cfg)
 
@@ -152,7 +152,7 @@ class Read:
     target_top: list = field(default_factory=list)
     draft_top: list = field(default_factory=list)
     residual_top: list | None = None
-    parents: list[int] = field(default_factory=list)  # the draft's shape, cut where a chain was cut on the device
+    parents: list[int] = field(default_factory=list)  # the draft's shape
     path: list[int] = field(default_factory=list)  # the accepted nodes, root to leaf
 
 
@@ -168,7 +168,6 @@ def read_round(draft: Draft, logits, p, d: Decision, cfg: SpecConfig) -> Read:
     t.put("accepted", d.n_accepted)
     t.put("token", d.token)
     t.put("rejected", d.rejected)
-    t.put("size", torch.full((), k, device=p.device) if draft.size is None else draft.size)
     t.put("drafted", x)
     t.put("on_path", d.on_path)
     t.put("p_token", d.dist.gather(0, d.token.view(1))[0], floats=True)
@@ -188,12 +187,11 @@ def read_round(draft: Draft, logits, p, d: Decision, cfg: SpecConfig) -> Read:
         t.put(f"{name}_ids", top.indices)
         t.put(f"{name}_p", top.values, floats=True)
     v = t.read()
-    cut = v["size"]
     table = lambda name: [list(zip(i, pr)) for i, pr in zip(v[f"{name}_ids"], v[f"{name}_p"])]
-    read = Read(bool(v["failed"]), v["accepted"], v["token"], bool(v["rejected"]), v["p_token"], v["drafted"][:cut],
-                *(v[name][:cut] for name in ("p_drafted", "q_drafted", "accept_probs", "uniforms")),
-                parents=draft.parents[:cut], path=[i for i, on in enumerate(v["on_path"]) if on])
-    read.target_top = table("target")[: cut + 1] if n_top else [[] for _ in range(cut + 1)]
-    read.draft_top = table("draft")[:cut] if "draft" in tops else []
+    read = Read(bool(v["failed"]), v["accepted"], v["token"], bool(v["rejected"]), v["p_token"], v["drafted"],
+                *(v[name] for name in ("p_drafted", "q_drafted", "accept_probs", "uniforms")),
+                parents=draft.parents, path=[i for i, on in enumerate(v["on_path"]) if on])
+    read.target_top = table("target") if n_top else [[] for _ in range(k + 1)]
+    read.draft_top = table("draft") if "draft" in tops else []
     read.residual_top = table("residual")[0] if n_top and read.rejected else None
     return read

@@ -80,32 +80,28 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, r / torch.where(total > 0, total, 1.0), p)
 
 
-def accepted_prefix(kept: torch.Tensor, size: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def accepted_prefix(kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """From the per-token verdicts [k] (True = accepted): the accepted prefix's length and whether a
-    drafted token was rejected, as device scalars; only the first `size` tokens count (all if None)."""
+    drafted token was rejected, as device scalars."""
     k = kept.numel()
-    if size is not None:
-        kept = kept & (torch.arange(k, device=kept.device) < size)
     n = kept.long().cumprod(0).sum() if k else torch.zeros((), dtype=torch.long, device=kept.device)
-    return n, n < (k if size is None else size)
+    return n, n < k
 
 
 def decide(tokens: torch.Tensor, parents: list[int], q: torch.Tensor | None, p: torch.Tensor,
-           generator: torch.Generator | None = None, size: torch.Tensor | None = None) -> Decision:
+           generator: torch.Generator | None = None) -> Decision:
     """tokens [n] the draft's nodes, parents before children, siblings in the order they were drawn;
     parents[i]: node i's parent (-1: the root, the last committed token; a chain's are events.chain(n));
     q [n, V]: the distribution each node was drawn from given its earlier siblings (None: point masses);
     p [n+1, V]: the target's distribution after the root (row 0) and after each node (row i+1).
-    size: a chain cut on the device: only its first `size` tokens are the draft (a device scalar; all if None).
     The structure is host data; every value stays on the device, read back with the rest of the round."""
     assert p.shape[0] == tokens.numel() + 1, f"p must have n+1={tokens.numel() + 1} rows, got {p.shape[0]}"
     if parents == chain(len(parents)):
-        return _decide_chain(tokens, q, p, generator, size)
-    assert size is None, "only a chain is cut on the device"
+        return _decide_chain(tokens, q, p, generator)
     return _decide_tree(tokens, parents, q, p, generator)
 
 
-def _decide_chain(tokens, q, p, generator, size) -> Decision:
+def _decide_chain(tokens, q, p, generator) -> Decision:
     """One child a node: every verdict at once, and the accepted prefix."""
     k = tokens.numel()
     if q is None:
@@ -114,7 +110,7 @@ def _decide_chain(tokens, q, p, generator, size) -> Decision:
     p_x = p[rows, tokens]
     accept = accept_probabilities(p_x, q[rows, tokens])
     uniforms = torch.rand(k, generator=generator, device=p.device)
-    n, rejected = accepted_prefix(uniforms < accept, size)
+    n, rejected = accepted_prefix(uniforms < accept)
     # at a rejection the token comes from the residual at row n; after a full acceptance, from p there
     at = n.view(1)  # a row picked by a device index: no read back to the host
     p_n, q_n = p.index_select(0, at)[0], torch.cat([q, q.new_zeros(1, q.shape[-1])]).index_select(0, at)[0]

@@ -66,10 +66,10 @@ def random_model(shape, device, dtype):
 def simulated(a: float):
     """A verdict that accepts each drafted token with probability a, whatever the models say; the
     target's token after them is its own argmax. For costs only: the output is not the target's."""
-    def judge(x, parents, q, p, generator=None, size=None):  # a chain's: the GPU bench drafts chains
+    def judge(x, parents, q, p, generator=None):  # a chain's: the GPU bench drafts chains
         k = x.numel()
         uniforms = torch.rand(k, generator=generator, device=p.device)
-        n, rejected = accepted_prefix(uniforms < a, size)
+        n, rejected = accepted_prefix(uniforms < a)
         dist = p.index_select(0, n.view(1))[0]
         rows = torch.arange(k, device=p.device)
         return Decision(n, dist.argmax(), torch.full((k,), a, device=p.device), uniforms, rejected, dist, rows < n,

@@ -181,8 +181,9 @@ class ModelDrafter:
         keep = sorted(order[:n])
         slot = {node: j for j, node in enumerate(g.fed)}  # where each fed node sits in the cache, after `start`
         self.fed = Fed(start, [nodes[i].token for i in g.fed], [slot.get(nodes[i].parent, -1) for i in g.fed])
+        tokens, expected = [nodes[i].token for i in keep], sum(nodes[i].rank for i in keep)
         if not cfg.tree_nodes:  # a chain's tokens and the draft's estimate of those accepted, judged at commit
-            self.judging = (start, [nodes[i].token for i in keep], sum(nodes[i].rank for i in keep))
+            self.judging = (start, tokens, expected)
         if not keep:  # no node pays for its row: a plain step
             return Draft(torch.empty(0, dtype=torch.long, device=self.lm.device), None)
         renumber = {old: new for new, old in enumerate(keep)}
@@ -191,9 +192,8 @@ class ModelDrafter:
             earlier = lambda node: [m.token for m in nodes if m.q_row == node.q_row and m.sibling < node.sibling]
             q = torch.stack([without(g.qs[nodes[i].q_row], earlier(nodes[i])) for i in keep])
         shown = torch.stack([g.raw[nodes[i].q_row] for i in keep]) if cfg.record_top else None  # the inspector's
-        return Draft(upload([nodes[i].token for i in keep], self.lm.device, torch.long), q, shown,
-                     torch.stack(g.failed).any(), [renumber.get(nodes[i].parent, -1) for i in keep],
-                     sum(nodes[i].rank for i in keep))
+        return Draft(upload(tokens, self.lm.device, torch.long), q, shown, torch.stack(g.failed).any(),
+                     [renumber.get(nodes[i].parent, -1) for i in keep], expected)
 
     def commit(self, ids):
         if self.judging:  # the chain's tokens the target kept: a rejected one is never the token put in its place

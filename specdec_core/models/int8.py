@@ -18,13 +18,23 @@ def channel_scales(w: torch.Tensor) -> torch.Tensor:
 
 
 def int8_weights(linear: nn.Linear, saved: dict | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8 weights [out, in] and their float64 scale per output channel: `saved` ones, else the linear's, quantised."""
+    """int8 weights [out, in] and their float64 scale per output channel: `saved` ones (fbgemm's, or int8_vnni's
+    layout unpacked), else the linear's, quantised."""
+    if saved and "colsum" in saved:  # [out / 16, in / 4, 16 outputs, 4 inputs], outputs padded to 32
+        tiles = saved["weight"]
+        return tiles.permute(0, 2, 1, 3).reshape(len(saved["colsum"]), -1)[: len(saved["scale"])], saved["scale"]
     if saved:
         return saved["qweight"], saved["scale"]
     w = linear.weight.detach().float()
     scale = channel_scales(w)
     # torch.quantize_per_channel's arithmetic (times the float inverse, half to even), in a fifth of its time
     return (w * (1 / scale)[:, None]).round_().clamp_(-128, 127).to(torch.int8), scale.double()
+
+
+def saved_layout() -> str:
+    """The layout an int8 layer saves its weights in here (a cache file's source names it, so that a file in the
+    other is made again in the one read fastest): int8_vnni's tiles, or rows as fbgemm takes them."""
+    return "tiles" if vnni_fits(4) else "rows"
 
 
 def fbgemm_pack(qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -53,23 +63,21 @@ class TokenInt8Linear(nn.Module):
     """
 
     def __init__(self, linear: nn.Linear, saved: dict | None = None):
-        """saved: {"qweight": int8 [out, in], "scale": float64 [out]} from `saved_state`, else quantise now."""
+        """saved: `saved_state()` of a layer of either kernel, else quantise now."""
         super().__init__()
         self.bias = None if linear.bias is None else linear.bias.detach().float()  # added once a row is scaled back
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        qweight, scale = int8_weights(linear, saved)
         self.kernel = "vnni" if vnni_fits(linear.in_features) else "fbgemm"
         if self.kernel == "vnni":
-            self.packed = Int8Product(qweight, scale, self.bias)
-            self.plain = None if saved else {"qweight": qweight, "scale": scale}  # for the file, then dropped
+            read = saved and "colsum" in saved  # in the kernel's layout already
+            self.packed = Int8Product.read(saved, self.bias) if read else Int8Product(*int8_weights(linear, saved), self.bias)
             return
-        self.plain = None
-        self.packed = fbgemm_pack(qweight, scale)
+        self.packed = fbgemm_pack(*int8_weights(linear, saved))
         self.pin = torch.zeros(1, linear.in_features)
         self.pin[0, :2] = torch.tensor([-1.0, 1.0])
 
     def saved_state(self) -> dict:
-        return fbgemm_state(self.packed) if self.kernel == "fbgemm" else self.plain
+        return fbgemm_state(self.packed) if self.kernel == "fbgemm" else self.packed.state()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).float()

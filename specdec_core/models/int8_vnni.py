@@ -37,20 +37,37 @@ def fits(in_features: int) -> bool:
 
 
 class Int8Product:
-    """An int8 weight [N, K] and its float scale per output, in the kernel's layout, outputs padded to 32."""
+    """An int8 weight [N, K] and its scale per output, in the kernel's layout, outputs padded to 32: packed from
+    `qweight` [N, K], or (`Int8Product.read`) taken as `state()` gave it."""
 
     def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
         n, k = qweight.shape
-        pad = -n % 32
-        self.out_features, self.in_features = n, k
-        q = (torch.cat([qweight, qweight.new_zeros(pad, k)]) if pad else qweight).contiguous()
-        self.weight = torch.empty(len(q) // 16, k // 4, 16, 4, dtype=torch.int8)
-        self.colsum = torch.empty(len(q), dtype=torch.int32)
-        library()[0].int8_vnni_pack(q.data_ptr(), len(q), k, self.weight.data_ptr(), self.colsum.data_ptr(),
-                                    torch.get_num_threads())
-        grow = lambda t: torch.cat([t.float(), t.new_zeros(pad, dtype=torch.float32)]).contiguous()
+        q = torch.cat([qweight, qweight.new_zeros(-n % 32, k)]).contiguous()
+        weight = torch.empty(len(q) // 16, k // 4, 16, 4, dtype=torch.int8)
+        colsum = torch.empty(len(q), dtype=torch.int32)
+        library()[0].int8_vnni_pack(q.data_ptr(), len(q), k, weight.data_ptr(), colsum.data_ptr(), torch.get_num_threads())
+        self.place(weight, colsum, scale, bias)
+
+    @classmethod
+    def read(cls, state: dict, bias: torch.Tensor | None) -> Int8Product:
+        """One made from another's `state()` (a cache file's): nothing packed again."""
+        product = cls.__new__(cls)
+        product.place(state["weight"], state["colsum"], state["scale"], bias)
+        return product
+
+    def place(self, weight: torch.Tensor, colsum: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+        n, padded = len(scale), len(colsum)
+        if padded % 32 or not 0 <= padded - n < 32 or weight.shape[::2] != (padded // 16, 16) or weight.dtype != torch.int8:
+            raise ValueError("int8 weights in another layout than the kernel's")
+        self.out_features, self.in_features = n, weight.shape[1] * 4
+        self.weight, self.colsum, self.scale64 = weight.contiguous(), colsum.contiguous(), scale
+        grow = lambda t: torch.cat([t.float(), t.new_zeros(padded - n, dtype=torch.float32)]).contiguous()
         self.scale = grow(scale)
         self.bias = None if bias is None else grow(bias)
+
+    def state(self) -> dict:
+        """The packed weights, their sums and the scales as given: what a cache file keeps."""
+        return {"weight": self.weight, "colsum": self.colsum, "scale": self.scale64}
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] float32 -> [M, N] float32."""

@@ -31,7 +31,7 @@ from torch import nn
 
 from .attention import ROWS
 from .int4_vnni import fits as int4_fits, pack as int4_pack, product as int4_product
-from .int8 import TokenInt8Linear, channel_scales, fbgemm_pack, fbgemm_state, int8_weights
+from .int8 import TokenInt8Linear, channel_scales, fbgemm_pack, fbgemm_state, int8_weights, saved_layout
 from .native import locked
 
 
@@ -239,15 +239,12 @@ def quantise(model: nn.Module, make, saved: Path | None, source: str) -> None:
     saved: a file for the quantised weights, written on first use and read afterwards; `source` names
     the weights and the mode they came from, and a file made from others, or for another CPU or torch
     (packed layouts depend on both), is made again."""
-    source = f"{source}, torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}"
+    source = f"{source}, torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, int8 {saved_layout()}"
     if saved is None:
         replace_saved(model, make, None, source)
     else:
         with locked(saved.parent, saved.name + ".lock"):  # two starts on one cache: the second reads the first's file
             replace_saved(model, make, saved, source)
-    for mod in model.modules():  # int8 layers kept their plain weights for the file; their packs hold them
-        if getattr(mod, "plain", None) is not None:
-            mod.plain = None
 
 
 def replace_saved(model: nn.Module, make, saved: Path | None, source: str) -> None:

@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from specdec_core import SpecConfig, generate
 from specdec_core.cache import CachedModel
@@ -88,9 +89,32 @@ def test_token_int8_rows_do_not_depend_on_the_other_rows(int8_kernel, monkeypatc
         assert layer.kernel == int8_kernel
         # the kernels quantise the weights alike: a file saved with one serves the other
         monkeypatch.setattr(int8, "vnni_fits", lambda in_features: int8_kernel == "fbgemm")
-        other = TokenInt8Linear(lin)
-        assert other.kernel != layer.kernel
-        assert all(torch.equal(layer.saved_state()[key], other.saved_state()[key]) for key in ("qweight", "scale"))
+        other, served = TokenInt8Linear(lin), TokenInt8Linear(lin, layer.saved_state())
+        assert other.kernel == served.kernel != layer.kernel
+        assert torch.equal(served(x), other(x))
+
+
+def test_a_saved_vnni_layer_is_read_in_its_packed_layout_not_packed_again(monkeypatch):
+    """A warm start reads the draft's int8 twins as the kernel takes them: packing 0.5B weights again cost a second."""
+    if int8_vnni.library()[0] is None:
+        pytest.skip(f"the int8 kernel of our own cannot run here: {int8_vnni.library()[1]}")
+    torch.manual_seed(0)
+    lin, x = torch.nn.Linear(96, 40), torch.randn(7, 96)
+    layer = TokenInt8Linear(lin)
+    state = {key: value.clone() for key, value in layer.saved_state().items()}
+    lib, packs = int8_vnni.library()[0], []
+
+    class Watched:  # the kernel, its packing calls counted
+        def __getattr__(self, name):
+            packs.extend([name] if name == "int8_vnni_pack" else [])
+            return getattr(lib, name)
+    monkeypatch.setattr(int8_vnni, "library", lambda: (Watched(), ""))
+    with torch.no_grad():
+        assert torch.equal(TokenInt8Linear(lin)(x), layer(x)) and packs  # the watch sees a packing
+        packs.clear()
+        again = TokenInt8Linear(lin, state)
+        assert again.kernel == "vnni" and not packs
+        assert torch.equal(again(x), layer(x))
 
 
 def test_where_ours_cannot_be_built_the_int8_target_keeps_fbgemm_and_says_why(monkeypatch, tmp_path):
@@ -207,7 +231,10 @@ def test_the_int8_target_decodes_losslessly_and_is_saved(tiny, tmp_path, k, int8
     target = quantise_target(copy.deepcopy(tiny.target), saved=path, source="weights v1")
     again = quantise_target(copy.deepcopy(tiny.target), saved=path, source="weights v1")
     layers = [m for model in (target, again) for m in model.modules() if isinstance(m, TokenInt8Linear)]
-    assert {m.kernel for m in layers} == {int8_kernel} and all(m.plain is None for m in layers)
+    assert {m.kernel for m in layers} == {int8_kernel}
+    with safe_open(str(path), "pt") as f:  # each kernel's own layout is kept: read again as it is
+        fields = {key.rpartition(":")[2] for key in f.keys()}
+    assert fields == ({"weight", "colsum", "scale"} if int8_kernel == "vnni" else {"qweight", "scale"})
     with torch.inference_mode():
         x = torch.tensor([[5, 17, 42, 99, 7]])
         assert torch.equal(target(x).logits, again(x).logits)
@@ -216,6 +243,23 @@ def test_the_int8_target_decodes_losslessly_and_is_saved(tiny, tmp_path, k, int8
     spec = generate(pair, "int8 target", cfg)
     assert spec.token_ids == generate(pair, "int8 target", cfg, "autoregressive").token_ids
     assert 0 < spec.stats.acceptance_rate < 1
+
+
+def test_a_file_in_the_other_int8_layout_is_made_again_in_the_one_read_here(tiny, tmp_path, monkeypatch):
+    if int8_vnni.library()[0] is None:
+        pytest.skip(f"the int8 kernel of our own cannot run here: {int8_vnni.library()[1]}")
+    path = tmp_path / "target-int8.safetensors"
+
+    def fields():
+        with safe_open(str(path), "pt") as f:
+            return {key.rpartition(":")[2] for key in f.keys()}, f.metadata()["source"]
+    with monkeypatch.context() as m:
+        m.setattr(int8, "vnni_fits", lambda in_features: False)  # made where only fbgemm runs
+        quantise_target(copy.deepcopy(tiny.target), saved=path, source="weights v1")
+    assert fields()[0] == {"qweight", "scale"} and fields()[1].endswith("int8 rows")
+    target = quantise_target(copy.deepcopy(tiny.target), saved=path, source="weights v1")
+    assert fields()[0] == {"weight", "colsum", "scale"} and fields()[1].endswith("int8 tiles")
+    assert {m.kernel for m in target.modules() if isinstance(m, TokenInt8Linear)} == {"vnni"}
 
 
 def test_compiled_steps_refuse_to_replace_the_exact_targets_attention():

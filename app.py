@@ -4,9 +4,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from app.limits import VisitorLimits
-from app.pairs import PairManager
-from specdec_core.models import TARGET_QUANTS
+from specdec_core.config import TARGET_QUANTS
+from specdec_core.models.files import begin_bundled
 
 
 def options(argv=None) -> argparse.Namespace:
@@ -41,6 +40,11 @@ def options(argv=None) -> argparse.Namespace:
 
 def main(argv=None):
     args = options(argv)
+    if args.pair == "bundled":  # its files hashed on a core the imports below leave idle for seconds
+        begin_bundled("bfloat16" if args.dtype == "auto" else args.dtype)
+    from app.limits import VisitorLimits
+    from app.pairs import PairManager
+
     # on ZeroGPU there is no GPU to time at start-up
     manager = PairManager(args.device, args.dtype, allow_custom=not args.hosted, allowlist=args.allowlist,
                           graphs=args.graphs, probe=not args.zero_gpu, target_quant=args.target_quant,

@@ -13,6 +13,7 @@ MAX_GUESS = 3  # a draft step's guesses: as many as the 2- or 3-token n-gram the
 MAX_NEW_TOKENS = 1024
 MAX_TEMPERATURE = 2.0
 MAX_PROMPT_CHARS = 20_000
+TARGET_QUANTS = ("auto", "off", "int8", "blocks")  # how the target may compute (models.LoadOptions)
 GREEDY_BELOW = 1e-4  # temperatures below this are treated as 0 (greedy): softmax(l / 1e-9) is one-hot anyway
 
 

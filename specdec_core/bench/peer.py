@@ -16,7 +16,7 @@ import torch
 
 from ..config import SpecConfig
 from ..models.bundled import TARGET, checked_parts
-from ..models.pair import default_cache_dir
+from ..models.files import default_cache_dir
 
 INSTALL = 'CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python'
 

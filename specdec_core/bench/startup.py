@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..models.quant import file_digest
+from ..models.files import file_digest
 
 ROOT = Path(__file__).resolve().parents[2]
 

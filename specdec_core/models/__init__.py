@@ -1,7 +1,9 @@
 """Models around the algorithm: pairs, loading (the bundled pair, hub ids, local directories),
-CPU quantisation and a tiny random pair for tests."""
-from .load import TARGET_QUANTS, LoadOptions, enable_graphs, load_hub_pair, load_pair
-from .pair import Pair, dtype_name, first_divergence, make_pair, pick_device, pick_dtype
+CPU quantisation and a tiny random pair for tests. Its names are imported when first used, as the package's are."""
+from .. import lazily
 
-__all__ = ["Pair", "TARGET_QUANTS", "LoadOptions", "load_pair", "load_hub_pair", "make_pair", "enable_graphs", "pick_device", "pick_dtype",
-           "first_divergence", "dtype_name"]
+HOMES = {"LoadOptions": "load", "load_pair": "load", "load_hub_pair": "load", "enable_graphs": "load",
+         "Pair": "pair", "make_pair": "pair", "pick_device": "pair", "pick_dtype": "pair", "first_divergence": "pair",
+         "dtype_name": "pair"}
+__all__ = list(HOMES)
+__getattr__ = lazily(__name__, HOMES)

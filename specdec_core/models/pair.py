@@ -1,9 +1,7 @@
 """A model pair: a target, a draft sharing its tokenizer, and what belongs to the two models."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -121,10 +119,6 @@ def make_pair(name, target, draft, tokenizer, device, dtype, info: PairInfo | No
              if model is not None and head}
     return Pair(name, target.eval(), draft.eval() if draft is not None else None, tokenizer, vocab,
                 eos_ids_of(target, tokenizer), int(ctx), device, dtype, info or PairInfo(), heads=heads)
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec"))
 
 
 def first_divergence(pair: Pair, prompt_ids: list[int], a: list[int], b: list[int]) -> dict | None:

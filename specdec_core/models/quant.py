@@ -18,8 +18,6 @@ The draft's precision changes only how many drafts are accepted, never the outpu
 """
 from __future__ import annotations
 
-import hashlib
-import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,6 +30,7 @@ from torch import nn
 from .attention import ROWS
 from .int4_vnni import fits as int4_fits, pack as int4_pack, product as int4_product
 from .int8 import TokenInt8Linear, channel_scales, fbgemm_pack, fbgemm_state, int8_weights, saved_layout
+from .files import file_digest
 from .native import locked
 
 
@@ -266,19 +265,6 @@ def replace_saved(model: nn.Module, make, saved: Path | None, source: str) -> No
         digest.with_name(digest.name + ".partial").write_text(file_digest(partial))
         partial.replace(saved)  # a start cut short never leaves half a file behind
         digest.with_name(digest.name + ".partial").replace(digest)
-
-
-def file_digest(*paths: Path) -> str:
-    """The SHA-256 of the files' bytes, one after another. Each is hashed from a map of it in one call, which leaves
-    the GIL free for the whole file: read in chunks, each chunk takes the GIL back, and beside a busy thread (the app
-    imports gradio while the pair loads) 1 MB chunks took 12 s for the bundled target's 1.1 GB, a map 1.2 s."""
-    h = hashlib.sha256()
-    for path in paths:
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size:  # an empty file cannot be mapped, and adds nothing
-                with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
-                    h.update(m)
-    return h.hexdigest()
 
 
 def read(linear: nn.Linear) -> nn.Linear:

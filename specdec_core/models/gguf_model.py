@@ -6,6 +6,7 @@ pass); the draft's weights are dequantised in memory, in the dtype it runs in, a
 """
 from __future__ import annotations
 
+import itertools
 import struct
 import warnings
 from pathlib import Path
@@ -18,7 +19,7 @@ from torch import nn
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 from transformers.initialization import no_init_weights
 
-from .kquant import GGML_TYPES, KQuantLinear, as_bytes, dequantise_rows, quantise
+from .kquant import GGML_TYPES, KQuantLinear, as_bytes, dequantise_rows, packed_size, quantise
 
 HF_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
@@ -245,6 +246,14 @@ def fill(model: nn.Module, f: GGUF, make_linear, make_embedding) -> nn.Module:
     return model.eval()
 
 
+def block_kind(f: GGUF, name: str) -> tuple[int, int, int]:
+    """(4 or 6: the Q4_K or Q6_K blocks a weight is computed on, outputs, inputs): the file's own blocks, or, for
+    another type, Q6_K."""
+    kind, dims, _, _ = f.tensors[name]
+    n, k = int(dims[-1]), int(dims[0])
+    return (GGML_TYPES[kind] if kind in GGML_TYPES and n % 16 == 0 else 6), n, k
+
+
 def blocks_of(f: GGUF, name: str) -> tuple[torch.Tensor, int, int, int]:
     """A weight as Q4_K or Q6_K blocks: the file's own, or, for another type, its values as Q6_K blocks."""
     raw, kind, n, k = f.raw(name)
@@ -253,14 +262,32 @@ def blocks_of(f: GGUF, name: str) -> tuple[torch.Tensor, int, int, int]:
     return quantise(dequantise(raw, kind, n, k), 6).reshape(-1), 6, n, k
 
 
+TOGETHER = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))  # what a step computes in one product (step.py)
+
+
+def side_by_side(f: GGUF) -> dict[str, torch.Tensor]:
+    """{GGUF name: where its packed weights go}: each run of one kind among the projections a step computes together
+    in one buffer, one after another, so that the step joins them where they lie, not in a copy."""
+    into = {}
+    for layer in range(f.field("qwen2.block_count")):
+        for group in TOGETHER:
+            names = [f"blk.{layer}.{part}.weight" for part in group]
+            for kind, run in itertools.groupby(names, key=lambda name: block_kind(f, name)[0]):
+                run = list(run)
+                sizes = [packed_size(*block_kind(f, name)) for name in run]
+                into.update(zip(run, torch.empty(sum(sizes), dtype=torch.uint8).split(sizes)))
+    return into
+
+
 def load_target(path: Path | list[Path] | GGUF) -> Qwen2ForCausalLM:
     """The exact target on the file's blocks, float32 elsewhere."""
     f = path if isinstance(path, GGUF) else GGUF(path)
     model = skeleton(f.config())
+    into = side_by_side(f)
 
     def linear(name, bias):
         raw, kind, n, k = blocks_of(f, name)
-        return KQuantLinear(raw, kind, k, n, bias)
+        return KQuantLinear(raw, kind, k, n, bias, into=into.get(name))
 
     return fill(model, f, linear, lambda name: RowsEmbedding(*f.raw(name), torch.float32)).float()
 

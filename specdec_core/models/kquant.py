@@ -58,10 +58,18 @@ def kernel() -> ctypes.CDLL:
     return lib
 
 
-def pack(raw: torch.Tensor, kind: int, n: int, k: int, lib: ctypes.CDLL | None = None) -> torch.Tensor:
-    """The file's blocks [n, k / 256] in the kernel's layout (lib: another build of kquant.c, for tests)."""
+def packed_size(kind: int, n: int, k: int) -> int:
+    return n // 16 * (k // QK) * PACKED[kind]
+
+
+def pack(raw: torch.Tensor, kind: int, n: int, k: int, lib: ctypes.CDLL | None = None,
+         into: torch.Tensor | None = None) -> torch.Tensor:
+    """The file's blocks [n, k / 256] in the kernel's layout, in a new tensor or `into` (lib: another build of
+    kquant.c, for tests)."""
     check_shape(kind, n, k, raw)
-    packed = torch.empty(n // 16 * (k // QK) * PACKED[kind], dtype=torch.uint8)
+    packed = torch.empty(packed_size(kind, n, k), dtype=torch.uint8) if into is None else into
+    if packed.dtype != torch.uint8 or packed.shape != (packed_size(kind, n, k),) or not packed.is_contiguous():
+        raise ValueError("the packed weights' buffer does not fit them")
     (lib or kernel()).kquant_pack(raw.data_ptr(), n, k, kind, packed.data_ptr())
     return packed
 
@@ -70,7 +78,7 @@ def product(packed: torch.Tensor, kind: int, x: torch.Tensor, n: int, bias: torc
             lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """x [M, k] float32 times the packed weights [n, k] -> [M, n] float32, + bias [n]."""
     x = x.float().contiguous()
-    if packed.dtype != torch.uint8 or packed.numel() != n // 16 * (x.shape[1] // QK) * PACKED[kind] \
+    if packed.dtype != torch.uint8 or packed.numel() != packed_size(kind, n, x.shape[1]) \
             or (bias is not None and (bias.dtype != torch.float32 or bias.numel() != n or not bias.is_contiguous())):
         raise ValueError("the Q4_K/Q6_K product's weights, rows and bias do not match")
     y = torch.empty(len(x), n)
@@ -128,12 +136,14 @@ def check_shape(kind: int, out_features: int, in_features: int, raw: torch.Tenso
 
 
 class KQuantLinear(nn.Module):
-    """A Linear on Q4_K or Q6_K blocks (the file's bytes, [out, in / 256 blocks]); float32 in and out."""
+    """A Linear on Q4_K or Q6_K blocks (the file's bytes, [out, in / 256 blocks]); float32 in and out. into: where
+    to pack them (a slice of a buffer shared with the projections computed with it)."""
 
-    def __init__(self, raw, kind: int, in_features: int, out_features: int, bias: torch.Tensor | None = None):
+    def __init__(self, raw, kind: int, in_features: int, out_features: int, bias: torch.Tensor | None = None,
+                 into: torch.Tensor | None = None):
         super().__init__()
         self.kind, self.in_features, self.out_features = kind, in_features, out_features
-        self.packed = pack(as_bytes(raw), kind, out_features, in_features)
+        self.packed = pack(as_bytes(raw), kind, out_features, in_features, into=into)
         self.bias = None if bias is None else bias.detach().float().contiguous()
 
     @property

@@ -105,13 +105,17 @@ class Int4Product:
 
 class KQuantProduct:
     """Several Q4_K/Q6_K projections of one input: one product for each run of one kind, their packed weights
-    concatenated. A group of 16 outputs is computed alone (kquant.c), so each output is the same bits either way."""
+    concatenated (packed side by side at load, gguf_model.load_target: joined where they lie). A group of 16 outputs
+    is computed alone (kquant.c), so each output is the same bits either way."""
 
     def __init__(self, linears: list[KQuantLinear]):
         self.runs = []
         for kind, run in itertools.groupby(linears, key=lambda m: m.kind):
             run = list(run)
-            packed = torch.cat([m.packed for m in run])
+            parts = [m.packed for m in run]
+            beside = all(a.data_ptr() + a.numel() == b.data_ptr() and a.untyped_storage().data_ptr()
+                         == b.untyped_storage().data_ptr() for a, b in zip(parts, parts[1:]))
+            packed = parts[0].as_strided((sum(p.numel() for p in parts),), (1,)) if beside else torch.cat(parts)
             biases = [m.bias if m.bias is not None else torch.zeros(m.out_features) for m in run]
             bias = torch.cat(biases) if any(m.bias is not None for m in run) else None
             start = 0

@@ -13,7 +13,7 @@ from specdec_core import SpecConfig, generate
 from specdec_core.cache import CachedModel, TreeInput
 from specdec_core.models import Pair, gguf_model, kquant
 from specdec_core.models.attention import ROWS
-from specdec_core.models.step import DecodeStep
+from specdec_core.models.step import DecodeStep, KQuantProduct
 
 from ...conftest import FLAT_COSTS
 from .test_int8 import logits_alone_and_in_a_pass
@@ -118,6 +118,21 @@ def test_a_damaged_file_is_refused_with_its_name(tmp_path, files):
     (tmp_path / "other.gguf").write_bytes(b"GGML" + data[4:])
     with pytest.raises(ValueError, match="other.gguf is not a GGUF file"):
         gguf_model.GGUF(tmp_path / "other.gguf")
+
+
+def test_a_steps_projections_are_joined_where_they_were_packed_not_copied(files):
+    """load_target packs each run of one kind among q, k, v and gate, up side by side; the step's products take the
+    runs where they lie (a copy of them cost the bundled target half a second at every start)."""
+    needs_kernel()
+    model = gguf_model.load_target(files[1])
+    for layer in model.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        for run, kind in (([a.q_proj, a.k_proj], 4), ([m.gate_proj, m.up_proj], 4)):  # v is Q6_K, a run of its own
+            where = [p.packed.data_ptr() for p in run]
+            joined = KQuantProduct(run).runs
+            assert [(k, packed.data_ptr(), packed.numel()) for k, packed, _, _ in joined] == \
+                [(kind, where[0], sum(p.packed.numel() for p in run))]
+            assert [p.packed.data_ptr() for p in run] == where
 
 
 @pytest.fixture(scope="module")

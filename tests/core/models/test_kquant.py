@@ -328,6 +328,13 @@ def test_the_product_refuses_what_does_not_fit():
     with pytest.raises(ValueError, match="take"):
         kquant.KQuantLinear(raw[:16], 4, 256, 32)
     packed = kquant.pack(raw, 4, 32, 256)
+    short, other, strided = (torch.empty(len(packed) - 1, dtype=torch.uint8), torch.empty(len(packed)),
+                             torch.empty(len(packed), 2, dtype=torch.uint8)[:, 0])
+    for room in (short, other, strided):
+        with pytest.raises(ValueError, match="buffer does not fit"):
+            kquant.pack(raw, 4, 32, 256, into=room)
+    room = torch.zeros(len(packed) + 8, dtype=torch.uint8)
+    assert torch.equal(kquant.pack(raw, 4, 32, 256, into=room[8:]), packed) and torch.equal(room[8:], packed)
     with pytest.raises(ValueError, match="do not match"):
         kquant.product(packed, 4, torch.randn(2, 512), 32)
     with pytest.raises(ValueError, match="do not match"):

@@ -42,7 +42,7 @@ class Int8Product:
 
     def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
         n, k = qweight.shape
-        q = torch.cat([qweight, qweight.new_zeros(-n % 32, k)]).contiguous()
+        q = (torch.cat([qweight, qweight.new_zeros(-n % 32, k)]) if n % 32 else qweight).contiguous()
         weight = torch.empty(len(q) // 16, k // 4, 16, 4, dtype=torch.int8)
         colsum = torch.empty(len(q), dtype=torch.int32)
         library()[0].int8_vnni_pack(q.data_ptr(), len(q), k, weight.data_ptr(), colsum.data_ptr(), torch.get_num_threads())

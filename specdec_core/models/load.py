@@ -16,7 +16,6 @@ from .pair import Pair, PairInfo, Progress, check_tokenizers, dtype_name, dtype_
 from .step import DecodeStep
 
 
-
 @dataclass(frozen=True)
 class LoadOptions:
     """How load_pair loads a pair, checked when made, as SpecConfig is for generation ("auto": docs/benchmarks.md has

@@ -28,9 +28,9 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .attention import ROWS
+from .files import file_digest
 from .int4_vnni import fits as int4_fits, pack as int4_pack, product as int4_product
 from .int8 import TokenInt8Linear, channel_scales, fbgemm_pack, fbgemm_state, int8_weights, saved_layout
-from .files import file_digest
 from .native import locked
 
 

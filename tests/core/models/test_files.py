@@ -48,7 +48,11 @@ def test_begin_bundled_skips_what_is_missing_and_the_module_imports_without_torc
     files.begin_bundled("bfloat16", tmp_path)  # no int4 weights kept yet: the parts alone
     assert files.file_digest(tmp_path / f"{files.DRAFT.slug}.gguf") == hashlib.sha256(files.DRAFT.slug.encode()).hexdigest()
     assert [len(group) for group in hashed] == [1, 1]
-    monkeypatch.setattr(files, "part_paths", lambda m: (_ for _ in ()).throw(files.Refusal("bundled_missing", name="t", package="p")))
-    files.begin_bundled("bfloat16", tmp_path)  # parts not installed: the load says so, not this
+
+    def not_installed(m):
+        raise files.Refusal("bundled_missing", name=m.name, package=m.package)
+    monkeypatch.setattr(files, "part_paths", not_installed)
+    files.begin_bundled("bfloat16", tmp_path)  # parts not installed: nothing hashed, the load says so
+    assert len(hashed) == 2
     code = "import sys, specdec_core.models.files, specdec_core.config; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"

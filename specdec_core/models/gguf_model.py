@@ -246,18 +246,23 @@ def fill(model: nn.Module, f: GGUF, make_linear, make_embedding) -> nn.Module:
     return model.eval()
 
 
+def own_blocks(kind: int, n: int) -> bool:
+    """Whether a weight of GGML type `kind` with `n` outputs is computed on the file's own blocks."""
+    return kind in GGML_TYPES and n % 16 == 0
+
+
 def block_kind(f: GGUF, name: str) -> tuple[int, int, int]:
     """(4 or 6: the Q4_K or Q6_K blocks a weight is computed on, outputs, inputs): the file's own blocks, or, for
     another type, Q6_K."""
     kind, dims, _, _ = f.tensors[name]
     n, k = int(dims[-1]), int(dims[0])
-    return (GGML_TYPES[kind] if kind in GGML_TYPES and n % 16 == 0 else 6), n, k
+    return (GGML_TYPES[kind] if own_blocks(kind, n) else 6), n, k
 
 
 def blocks_of(f: GGUF, name: str) -> tuple[torch.Tensor, int, int, int]:
     """A weight as Q4_K or Q6_K blocks: the file's own, or, for another type, its values as Q6_K blocks."""
     raw, kind, n, k = f.raw(name)
-    if kind in GGML_TYPES and n % 16 == 0:
+    if own_blocks(kind, n):
         return raw, GGML_TYPES[kind], n, k
     return quantise(dequantise(raw, kind, n, k), 6).reshape(-1), 6, n, k
 
@@ -271,10 +276,10 @@ def side_by_side(f: GGUF) -> dict[str, torch.Tensor]:
     into = {}
     for layer in range(f.field("qwen2.block_count")):
         for group in TOGETHER:
-            names = [f"blk.{layer}.{part}.weight" for part in group]
-            for kind, run in itertools.groupby(names, key=lambda name: block_kind(f, name)[0]):
+            shapes = {name: block_kind(f, name) for name in (f"blk.{layer}.{part}.weight" for part in group)}
+            for _, run in itertools.groupby(shapes, key=lambda name: shapes[name][0]):
                 run = list(run)
-                sizes = [packed_size(*block_kind(f, name)) for name in run]
+                sizes = [packed_size(*shapes[name]) for name in run]
                 into.update(zip(run, torch.empty(sum(sizes), dtype=torch.uint8).split(sizes)))
     return into
 

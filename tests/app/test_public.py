@@ -1,11 +1,14 @@
 """A public audience, round two: cancelled work, forged addresses, nested status, traces, the API's prompt,
 server directories, presets in hosted mode and quiet refusals."""
+import gc
 import importlib.util
 import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import weakref
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -225,6 +228,34 @@ def test_share_means_hosted_and_presets_obey_the_allowlist(monkeypatch):
     manager = PairManager("cpu", "float32", allow_custom=False, allowlist=frozenset({"bundled"}))
     assert "not among them" in manager.load("tiny")
     manager.check_allowed("bundled")
+
+
+def test_collection_is_back_on_once_the_pair_has_loaded():
+    """app.py starts with the cyclic collector off (a start makes a million objects and frees few) and turns it back
+    on when the pair has loaded, with start-up's garbage collected: a server left without it would never free a
+    cycle again."""
+    class Node:
+        pass
+
+    loaded = threading.Event()
+    load = threading.Thread(target=loaded.wait)
+    load.start()
+    gc.disable()
+    try:
+        cycle = Node()
+        cycle.me, alive = cycle, weakref.ref(cycle)
+        del cycle
+        settler = threading.Thread(target=script().settle_memory, args=(load,))
+        settler.start()
+        time.sleep(0.3)
+        assert settler.is_alive() and not gc.isenabled() and alive() is not None  # still loading: nothing collected
+        loaded.set()
+        settler.join(30)
+        assert gc.isenabled() and alive() is None and gc.get_freeze_count() > 0
+    finally:
+        loaded.set()
+        gc.unfreeze()
+        gc.enable()
 
 
 def test_a_refusal_is_one_log_line(capfd):

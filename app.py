@@ -41,12 +41,11 @@ def options(argv=None) -> argparse.Namespace:
 
 
 def settle_memory(load: threading.Thread | None) -> None:
-    """The cyclic collector back on once the pair has loaded: start-up's garbage collected, and what start-up keeps
-    set apart (gc.freeze), so that later collections do not walk it again."""
+    """The cyclic collector back on once the pair has loaded, start-up's garbage collected. (Not frozen: a pair a
+    visitor replaces later must stay collectable.)"""
     if load is not None:
         load.join()
     gc.collect()
-    gc.freeze()
     gc.enable()
 
 

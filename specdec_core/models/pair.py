@@ -23,7 +23,7 @@ class PairInfo:
     target_weights: str = ""  # said in the status: a dtype, "int8" or "blocks:<its product's build>"
     target_int8: str = ""  # the int8 target's product(s)
     target_prepacked: bool = False
-    draft_quant: str = ""  # "int4", "int8 (mixed)", ...; "" as loaded
+    draft_quant: str = ""  # "int4", or "int8" where int4 fits no layer; "" as loaded
     draft_int4: str = ""  # the int4 draft's product(s)
     packed: str = ""
     graphs: str = ""  # compiled steps, on a GPU

@@ -1,5 +1,5 @@
 """Faster Linear layers for CPUs: PyTorch's own kernels, and products of ours (int4_vnni for the int4 draft; the exact
-int8 target's layers are in int8.py), and the quantised weights kept in the cache.
+int8 layers are in int8.py), and the quantised weights kept in the cache.
 
 - PackedLinear (both models, bfloat16 on CPUs): the weight is reordered once into oneDNN's blocked
   layout. Same numbers as F.linear, and faster, most of all for the few-token passes of decoding.
@@ -10,11 +10,8 @@ The draft's precision changes only how many drafts are accepted, never the outpu
   our own product (int4_vnni), which rounds them to int8 per group of 32 and streams the weights
   faster. A draft step is mostly reading weights from memory, and this reads the fewest. The bundled
   GGUF weights are 4-bit already, in blocks of 32 with a scale and a minimum each, so little more is lost.
-- DynamicInt8Linear: int8 weights (one scale per output channel) times int8 activations quantised
-  on the fly (fbgemm's dynamic linear). Used for every layer except down_proj in mode "mixed".
-- Int8Linear: int8 weights, activations left in bfloat16 (`_weight_int8pack_mm`). Slower, but the
-  down_proj input carries the activation outliers that int8 activations crush, and acceptance
-  with them.
+- int8.TokenInt8Linear where the int4 product does not fit a layer (float32, odd shapes): int8 weights times
+  activations rounded to int8 per row, the exact target's layer.
 """
 from __future__ import annotations
 
@@ -30,7 +27,7 @@ from torch import nn
 from .attention import ROWS
 from .files import file_digest
 from .int4_vnni import fits as int4_fits, pack as int4_pack, product as int4_product
-from .int8 import TokenInt8Linear, channel_scales, fbgemm_pack, fbgemm_state, int8_weights, saved_layout
+from .int8 import TokenInt8Linear, saved_layout
 from .native import locked
 
 
@@ -45,55 +42,7 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
-class DynamicInt8Linear(nn.Module):
-    def __init__(self, linear: nn.Linear, saved: dict | None = None):
-        """saved: {"qweight": int8 [out, in], "scale": float64 [out]} from `saved_state`, else quantise now."""
-        super().__init__()
-        bias = None if linear.bias is None else linear.bias.detach().float()
-        self.packed = fbgemm_pack(*int8_weights(linear, saved), bias)
-        self.out_features = linear.out_features
-
-    def saved_state(self) -> dict:
-        return fbgemm_state(self.packed)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.quantized.linear_dynamic(x.reshape(-1, x.shape[-1]).float(), self.packed, True)
-        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
-
-
-class WeightOnlyLinear(nn.Module):
-    """Quantised weights, activations as they come; a subclass gives the 2-D product `matmul`."""
-
-    def __init__(self, linear: nn.Linear):
-        super().__init__()
-        self.bias = linear.bias
-        self.out_features = linear.out_features
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.matmul(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.out_features)
-        return y if self.bias is None else y + self.bias
-
-
-class Int8Linear(WeightOnlyLinear):
-    def __init__(self, linear: nn.Linear, saved: dict | None = None):
-        super().__init__(linear)
-        if saved:
-            qweight, scale = saved["qweight"], saved["scale"]
-        else:
-            w = linear.weight.detach().float()
-            scale = channel_scales(w)
-            qweight = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
-        self.register_buffer("weight", qweight)
-        self.register_buffer("scales", scale.to(linear.weight.dtype))
-
-    def saved_state(self) -> dict:
-        return {"qweight": self.weight, "scale": self.scales}
-
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales.to(x.dtype))
-
-
-class Int4Linear(WeightOnlyLinear):
+class Int4Linear(nn.Module):
     """`wide`: the same weights in int8 as well, for products of WIDE rows or more (a prompt). The int4 kernels
     compute a step, which waits on memory, cheaply, but a 70-token prompt cost the 0.5B draft 234 ms with PyTorch's,
     as much as the 1.5B int8 target's. fbgemm's int8 products take it in a quarter.
@@ -112,8 +61,8 @@ class Int4Linear(WeightOnlyLinear):
         """saved: {"tiles": int4_vnni's layout} or {"packed": PyTorch's layout (it depends on the CPU), "scales":
         [in / 32, out, 2]}, and with `wide`, the int8 twin's "wide.qweight" and "wide.scale".
         kernel: "vnni" or "torch" (None: ours where it runs), for weights quantised here; saved ones keep theirs."""
-        super().__init__(linear)
-        self.in_features, self.wide = linear.in_features, None
+        super().__init__()
+        self.bias, self.in_features, self.out_features, self.wide = linear.bias, linear.in_features, linear.out_features, None
         if wide:
             twin = {k.removeprefix("wide."): v for k, v in saved.items() if k.startswith("wide.")} if saved else None
             self.wide = TokenInt8Linear(linear, twin)
@@ -143,7 +92,8 @@ class Int4Linear(WeightOnlyLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.wide is not None and x.numel() >= self.WIDE * x.shape[-1]:
             return self.wide(x)  # adds the bias
-        return super().forward(x)
+        y = self.matmul(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.tiles is not None:
@@ -183,38 +133,24 @@ def pack_linears(model: nn.Module) -> nn.Module:
     return replace_linears(model, lambda name, mod: PackedLinear(mod))
 
 
-def _mixed(name: str, mod: nn.Linear, saved: dict | None) -> nn.Module:
-    if not name.endswith("down_proj"):
-        return DynamicInt8Linear(mod, saved)
-    # PyTorch's weight-only int8 kernel is slow with float32 activations: there down_proj stays as it is
-    return mod if mod.weight.dtype == torch.float32 else Int8Linear(mod, saved)
-
-
 def _int4(name: str, mod: nn.Linear, saved: dict | None) -> nn.Module:
     # the head takes the prompt's last position only: no twin for it
-    return Int4Linear(mod, saved, wide=name != "lm_head") if Int4Linear.fits(mod) else _mixed(name, mod, saved)
+    return Int4Linear(mod, saved, wide=name != "lm_head") if Int4Linear.fits(mod) else TokenInt8Linear(mod, saved)
 
 
 def quant_label(model: nn.Module) -> str:
-    """What a cheapened draft got: "int4", or int8 where the int4 product fits none of its layers (int4 falls back to
-    mixed)."""
-    return "int4" if any(isinstance(m, Int4Linear) for m in model.modules()) else "int8 (mixed)"
+    """What a cheapened draft got: "int4", or "int8" where the int4 product fits none of its layers."""
+    return "int4" if any(isinstance(m, Int4Linear) for m in model.modules()) else "int8"
 
 
-QUANT_MODES = {"int4": _int4, "mixed": _mixed}  # mode -> make(name, linear, saved); mixed is int4's fallback
-
-
-def cheapen_draft(model: nn.Module, mode: str = "int4", saved: Path | None = None, source: str = "") -> nn.Module:
-    """In place: quantised Linear layers. mode: "int4" (as "mixed" where the
-    int4 kernel does not fit: float32, odd shapes) or "mixed" (int8 dynamic, but down_proj weight-only).
+def cheapen_draft(model: nn.Module, saved: Path | None = None, source: str = "") -> nn.Module:
+    """In place: every Linear int4 (Int4Linear), or int8 (TokenInt8Linear) where the int4 product does not fit it
+    (float32, odd shapes).
 
     saved, source: see quantise (quantising the 0.5B draft would be most of a warm start)."""
-    if mode not in QUANT_MODES:
-        raise ValueError(f"draft quantisation must be one of {', '.join(QUANT_MODES)}, got {mode!r}")
     dtype = model.get_input_embeddings().weight.dtype
-    twin = f", int8 from {Int4Linear.WIDE} rows" if mode == "int4" else ""
-    layout = " (int4_vnni's tiles)" if mode == "int4" and int4_kernel() == "vnni" else ""
-    quantise(model, QUANT_MODES[mode], saved, f"{source}\n{mode}{layout}{twin}, {dtype}")
+    layout = " (int4_vnni's tiles)" if int4_kernel() == "vnni" else ""
+    quantise(model, _int4, saved, f"{source}\nint4{layout}, int8 from {Int4Linear.WIDE} rows, {dtype}")
     return model
 
 

@@ -11,7 +11,7 @@ from specdec_core import SpecConfig, generate
 from specdec_core.cache import CachedModel
 from specdec_core.models import int8, int8_vnni, native
 from specdec_core.models.int8 import TokenInt8Linear
-from specdec_core.models.quant import DynamicInt8Linear, quantise_target, replace_linears
+from specdec_core.models.quant import quantise_target, replace_linears
 
 from ...conftest import with_eos
 
@@ -33,6 +33,20 @@ def test_int8_weights_are_torchs_per_channel_quantisation():
         want = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8).int_repr()
     assert qweight.dtype == torch.int8 and torch.equal(qweight, want)
     assert qweight[0, :6].tolist() == [127, 0, 2, 2, 0, -2]
+
+
+class SharedScaleInt8(torch.nn.Module):
+    """A planted bug: fbgemm's dynamic linear as it is, one activation range for all the rows of a call, so that a
+    row's output depends on the rows beside it."""
+
+    def __init__(self, lin: torch.nn.Linear):
+        super().__init__()
+        self.packed = int8.fbgemm_pack(*int8.int8_weights(lin, None), None if lin.bias is None else lin.bias.detach())
+        self.out_features = lin.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.quantized.linear_dynamic(x.reshape(-1, x.shape[-1]).float(), self.packed, True)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
 KERNELS = ("fbgemm", "vnni")  # TokenInt8Linear's: ours where it runs, else fbgemm
@@ -80,7 +94,7 @@ def test_token_int8_rows_do_not_depend_on_the_other_rows(int8_kernel, monkeypatc
     lin = torch.nn.Linear(96, 40)
     x = torch.randn(17, 96) * torch.rand(17, 1) * 10  # rows of very different sizes
     with torch.no_grad():
-        for layer, independent in ((TokenInt8Linear(lin), True), (DynamicInt8Linear(lin), False)):
+        for layer, independent in ((TokenInt8Linear(lin), True), (SharedScaleInt8(lin), False)):
             full = layer(x)
             alone = torch.cat([layer(x[i: i + 1]) for i in range(17)])
             assert torch.equal(full, alone) == independent, type(layer).__name__
@@ -181,7 +195,7 @@ def test_the_int8_target_gives_a_position_the_same_logits_alone_or_in_a_pass(tin
     assert torch.equal(alone, full)
     assert torch.equal(tree, branch_alone)
     # the same layers with one activation scale for the whole pass give another function
-    shared = replace_linears(copy.deepcopy(tiny.target), lambda name, mod: DynamicInt8Linear(mod))
+    shared = replace_linears(copy.deepcopy(tiny.target), lambda name, mod: SharedScaleInt8(mod))
     alone, full, tree, branch_alone = logits_alone_and_in_a_pass(shared, tiny.vocab, context)
     assert (alone - full).abs().max() > 1e-3 and (tree - branch_alone).abs().max() > 1e-3
 

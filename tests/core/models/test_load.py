@@ -33,7 +33,7 @@ def model_dirs(tmp_path_factory):
 def test_local_directories_load_and_decode_losslessly(model_dirs):
     pair = load_pair(str(model_dirs / "target"), str(model_dirs / "draft"), device="cpu", dtype="float32")
     assert pair.vocab == len(pair.tokenizer) and pair.draft is not None
-    assert pair.info.draft_quant == "int8 (mixed)"  # int4 is for bfloat16 only
+    assert pair.info.draft_quant == "int8"  # int4 is for bfloat16 only
     cfg = SpecConfig(k=4, max_new_tokens=24)
     pair = with_eos(pair, [])
     assert generate(pair, "hello", cfg).token_ids == generate(pair, "hello", cfg, "autoregressive").token_ids
@@ -116,7 +116,7 @@ def test_a_cpu_draft_reads_its_key_value_heads_as_they_are(model_dirs):
 
 
 def test_each_dtype_keeps_its_own_quantised_files_of_the_bundled_pair(monkeypatch, tmp_path):
-    """The bundled draft quantised from bfloat16 values (int4) and from float32 ones (int8 "mixed": int4 needs
+    """The bundled draft quantised from bfloat16 values (int4) and from float32 ones (int8: int4 needs
     bfloat16) are different files, as are int8 targets made from either: one cache serves both without rebuilding
     the other's file at every start (a float32 load used to overwrite the default's 669 MB draft, and the next default
     start made it again)."""

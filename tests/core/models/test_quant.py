@@ -1,4 +1,4 @@
-"""The draft's layers (int4, mixed int8, packed) and the weights kept in the cache (models/quant.py)."""
+"""The draft's layers (int4, int8 where int4 does not fit, packed) and the weights kept in the cache (models/quant.py)."""
 import copy
 import dataclasses
 
@@ -8,20 +8,10 @@ from safetensors import safe_open
 
 from specdec_core import SpecConfig, generate
 from specdec_core.models import int4_vnni, native, quant
-from specdec_core.models.quant import (
-    DynamicInt8Linear, Int4Linear, Int8Linear, PackedLinear, can_pack, cheapen_draft, pack_linears)
+from specdec_core.models.int8 import TokenInt8Linear
+from specdec_core.models.quant import Int4Linear, PackedLinear, can_pack, cheapen_draft, pack_linears
 
 from ...conftest import with_eos
-
-
-def test_int8_linear_is_close_to_the_original():
-    torch.manual_seed(0)
-    lin = torch.nn.Linear(64, 32)
-    x = torch.randn(3, 64)
-    q = Int8Linear(lin)
-    assert q.weight.dtype == torch.int8 and q.scales.shape == (32,)
-    err = (q(x) - lin(x)).abs().max() / lin(x).abs().max()
-    assert 0 < err < 0.02
 
 
 INT4_KERNELS = ("torch", "vnni")  # Int4Linear's: ours where it runs, else PyTorch's
@@ -94,17 +84,19 @@ def test_the_int4_vnni_product_is_the_reference_arithmetic_for_any_number_of_row
             assert torch.equal(y, torch.cat([q(x[i: i + 1]) for i in range(rows)]))
 
 
-def test_int4_mode_falls_back_to_mixed_int8_where_the_kernel_does_not_fit(tiny):
+def test_the_draft_falls_back_to_int8_where_the_int4_product_does_not_fit(tiny):
     draft = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16))
     assert isinstance(draft.model.layers[0].mlp.down_proj, Int4Linear)
     assert isinstance(draft.model.layers[0].self_attn.k_proj, Int4Linear)
-    assert isinstance(draft.lm_head, DynamicInt8Linear)  # 259 rows: the int4 kernel wants a multiple of 16
-    fp32 = cheapen_draft(copy.deepcopy(tiny.draft).float())  # the int4 kernel is slow with float32: as "mixed"
-    assert type(fp32.model.layers[0].mlp.down_proj) is torch.nn.Linear
-    assert isinstance(fp32.model.layers[0].mlp.up_proj, DynamicInt8Linear)
+    assert isinstance(draft.lm_head, TokenInt8Linear)  # 259 rows: the int4 kernel wants a multiple of 16
+    fp32 = cheapen_draft(copy.deepcopy(tiny.draft).float())  # the int4 kernel is slow with float32
+    assert all(isinstance(m, TokenInt8Linear) for m in (fp32.model.layers[0].mlp.down_proj, fp32.model.layers[0].mlp.up_proj))
+    assert not any(type(m) is torch.nn.Linear for m in (*draft.modules(), *fp32.modules()))
+    ids = torch.tensor([[5, 9, 33]])
     with torch.inference_mode():
-        out = draft(torch.tensor([[5, 9, 33]])).logits
+        out, out32, ref = draft(ids).logits, fp32(ids).logits, tiny.draft.float()(ids).logits
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    assert out32.dtype == torch.float32 and 0 < (out32 - ref).abs().max() < 0.05 * ref.abs().max()
 
 
 def test_cheapened_draft_stays_lossless(tiny):
@@ -132,44 +124,26 @@ def test_packed_linears_give_the_same_logits(tiny):
     torch.testing.assert_close(after, before, rtol=0, atol=0)
 
 
-def test_the_mixed_int8_draft_keeps_down_proj_weight_only(tiny):
-    draft = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16), mode="mixed")
-    kinds = {name.rsplit(".", 1)[-1]: type(m) for name, m in draft.named_modules()
-             if isinstance(m, (Int8Linear, DynamicInt8Linear))}
-    assert kinds["down_proj"] is Int8Linear and kinds["gate_proj"] is DynamicInt8Linear
-    assert kinds["lm_head"] is DynamicInt8Linear
-    fp32 = cheapen_draft(copy.deepcopy(tiny.draft).float(), mode="mixed")  # the weight-only kernel is slow in float32
-    assert type(fp32.model.layers[0].mlp.down_proj) is torch.nn.Linear
-    assert isinstance(fp32.model.layers[0].mlp.up_proj, DynamicInt8Linear)
-    with pytest.raises(ValueError, match="one of int4, mixed"):  # the int8-everywhere variants are gone
-        cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16), mode="dynamic")
-    with torch.inference_mode():
-        out = draft(torch.tensor([[5, 9, 33]])).logits
-    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("mode", ["int4", "mixed"])
-def test_saved_draft_is_the_same_draft_and_stale_files_are_rebuilt(tiny, tmp_path, dtype, mode):
+def test_saved_draft_is_the_same_draft_and_stale_files_are_rebuilt(tiny, tmp_path, dtype):
     x = torch.tensor([[5, 17, 42, 99, 7, 8, 9, 10, 11, 12]])  # 10 rows: int4 layers take their int8 twin
-    path = tmp_path / f"draft-{mode}.safetensors"
-    fresh = cheapen_draft(copy.deepcopy(tiny.draft).to(dtype), mode=mode, saved=path, source="weights v1")
+    path = tmp_path / "draft.safetensors"
+    fresh = cheapen_draft(copy.deepcopy(tiny.draft).to(dtype), saved=path, source="weights v1")
     assert path.exists()
-    for damage in (None, "other source", "other mode", "corrupt"):
+    other = torch.bfloat16 if dtype == torch.float32 else torch.float32
+    for damage in (None, "other source", "other dtype", "corrupt"):
         if damage == "corrupt":
             path.write_bytes(b"not a safetensors file")
-        if damage == "other mode":  # a file of the other mode under this name is rebuilt, not misread
-            cheapen_draft(copy.deepcopy(tiny.draft).to(dtype), mode="int4" if mode == "mixed" else "mixed", saved=path,
-                          source="weights v1")
-        reloaded = cheapen_draft(copy.deepcopy(tiny.draft).to(dtype), mode=mode, saved=path,
+        if damage == "other dtype":  # int8 layers (float32) or int4 ones (bfloat16) under this name: rebuilt, not misread
+            cheapen_draft(copy.deepcopy(tiny.draft).to(other), saved=path, source="weights v1")
+        reloaded = cheapen_draft(copy.deepcopy(tiny.draft).to(dtype), saved=path,
                                  source="weights v2" if damage == "other source" else "weights v1")
         with torch.inference_mode():
             assert torch.equal(fresh(x).logits, reloaded(x).logits)
-    with safe_open(str(path), "pt") as f:  # the last load rewrote the file in this mode
-        assert f.metadata()["source"].startswith(f"weights v1\n{mode}")
+    with safe_open(str(path), "pt") as f:  # the last load rewrote the file from this dtype
+        assert f.metadata()["source"].startswith("weights v1\nint4") and f", {dtype}, " in f.metadata()["source"]
         twins = [key for key in f.keys() if "wide" in key]
-    int4 = dtype == torch.bfloat16 and mode == "int4"
-    assert bool(twins) == int4 and all(":wide." in key for key in twins)  # saved once, with the int4 layer
+    assert bool(twins) == (dtype == torch.bfloat16) and all(":wide." in key for key in twins)  # saved with their layer
 
 
 def test_int4_products_of_many_rows_take_the_int8_twin():

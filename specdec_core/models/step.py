@@ -8,34 +8,39 @@ its layers:
 - the q/k/v products are one product, and so are gate and up (their packed rows concatenated);
 - the small operations between products (norms and the residual adds, the rotation with the cache writes, the
   activation) are one call each to step_ops.c, not some twenty PyTorch operations a layer;
-- keys and values are written into the room behind the cache's (cache.RoomLayer), not concatenated.
+- keys and values are written into the room behind the cache's (cache.RoomLayer), not concatenated;
+- a forward of n rows is a Plan: its calls with their arguments bound once, over buffers of its own, so that a
+  step pays for little Python beyond the calls (a forward sets only what changes: the cache's buffers and length,
+  the residual stream, the rotation, the rows' visible keys).
 
 The draft (int4, bfloat16 activations) takes its one- or few-token steps here, with one SDPA call per layer over
 the grouped key/value heads; its prompts and trees take the general forward. A draft changes the speed, never the
 output: its logits may differ from the general forward's by rounding.
 
 The target on its blocks (float32 activations) takes every forward here, prompts and trees too, so that one
-arithmetic computes all its positions: each operation computes a row alone, the attention too (kquant.attention, in
-C: a one-token step's arithmetic for each row of a pass), so a position's logits are the same bits in a one-token step
-and in any pass. A prompt's rows need not match a step's (plain and speculative decoding compute a prompt alike):
-their attention is one grouped call.
+arithmetic computes all its positions: each operation computes a row alone, the attention too (kquant.c's
+rows_attention: a one-token step's arithmetic for each row of a pass), so a position's logits are the same bits in a
+one-token step and in any pass. A prompt's rows need not match a step's (plain and speculative decoding compute a
+prompt alike): their attention is one grouped call.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
 import itertools
+import threading
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from ..cache import RoomLayer, TreeInput
+from ..config import MAX_K
+from . import int4_vnni
 from .attention import row_attention
 from .int4_vnni import product as int4_product
 from .kquant import KQuantLinear, visible
-from .kquant import attention as rows_attention
-from .kquant import product as kquant_product
+from .kquant import library as kquant_library
 from .native import AVX512_VNNI, AVX512_VNNI_FLAGS, cpu_flags, load
 from .quant import Int4Linear
 
@@ -44,6 +49,7 @@ SOURCE = Path(__file__).with_name("step_ops.c")
 # pass); no contraction, so that the AVX-512 build (where kquant.c's runs: 3x faster activations than SSE2's, 2x
 # faster norms) computes any other build's bits
 FLAGS = ["-O3", "-fno-trapping-math", "-ffp-contract=off", "-shared", "-fPIC"]
+PLANNED = MAX_K + 1  # forwards of up to this many rows keep their plans: a step, a chain's pass, a tree's level
 
 
 @functools.cache
@@ -61,6 +67,29 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         getattr(lib, "rotate_write" + suffix).argtypes = [p, p, p, i, i, i, i, p, p, p, i, i]
         getattr(lib, "silu_mul" + suffix).argtypes = [p, i, i, p]
     return lib
+
+
+class Plan:
+    """A forward of n rows as calls in order, each (function, its bound arguments, whether a non-zero result means no
+    memory), the buffers they write, and the ctypes values they were bound to that each forward sets anew: the
+    residual stream, the rotation's rows, the cache's length, the rows' visible keys, each layer's key and value
+    buffers with their room and stride. `layers` and `mask`: the cache's, for the attention in PyTorch."""
+
+    def __init__(self, layers: int):
+        p = ctypes.c_void_p
+        self.calls, self.buffers, self.x, self.layers, self.mask = [], [], None, None, None
+        self.h, self.cos, self.sin, self.counts, self.idx = p(), p(), p(), p(), p()
+        self.length, self.width = ctypes.c_int(), ctypes.c_int()
+        self.rooms = [(p(), p(), ctypes.c_int(), ctypes.c_long()) for _ in range(layers)]
+
+    def keep(self, *tensors: torch.Tensor) -> None:
+        self.buffers += tensors
+
+    def add(self, call, *args, checked: bool = False) -> None:
+        self.calls.append((call, args, checked))
+
+    def run(self, call) -> None:
+        self.calls.append((call, (), False))
 
 
 class Int4Product:
@@ -102,6 +131,19 @@ class Int4Product:
                                                            self.stacked["scales"])
         return y if self.bias is None else y + self.bias
 
+    def bind(self, plan: Plan, x: torch.Tensor, n: int) -> torch.Tensor:
+        """This product of x's n rows as the plan's calls; returns the buffer [n, outputs] they write."""
+        y = torch.empty(n, self.out_features, dtype=torch.bfloat16)
+        plan.keep(y)
+        if not (self.fused and self.own):
+            plan.run(lambda: y.copy_(self(x)))
+            return y
+        plan.add(int4_vnni.library()[0].int4_vnni_mm, self.stacked["tiles"].data_ptr(), x.data_ptr(), n, self.out_features,
+                 self.in_features, y.data_ptr(), torch.get_num_threads(), checked=True)
+        if self.bias is not None:
+            plan.run(functools.partial(y.add_, self.bias))
+        return y
+
 
 class KQuantProduct:
     """Several Q4_K/Q6_K projections of one input: one product for each run of one kind, their packed weights
@@ -123,9 +165,21 @@ class KQuantProduct:
                 m.packed, start = packed[start:start + m.packed.numel()], start + m.packed.numel()
             self.runs.append((kind, packed, bias, sum(m.out_features for m in run)))
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        ys = [kquant_product(packed, kind, x, n, bias) for kind, packed, bias, n in self.runs]
-        return ys[0] if len(ys) == 1 else torch.cat(ys, -1)
+    def bind(self, plan: Plan, x: torch.Tensor, n: int) -> torch.Tensor:
+        """As Int4Product.bind. One row's outputs of each run lie side by side; several rows' are joined after."""
+        y = torch.empty(n, sum(outputs for *_, outputs in self.runs))
+        joined = len(self.runs) > 1 and n > 1  # each run's rows into a buffer of their own, joined after
+        parts = [torch.empty(n, outputs) for *_, outputs in self.runs] if joined else []
+        plan.keep(y, *parts)
+        start = 0
+        for j, (kind, packed, bias, outputs) in enumerate(self.runs):
+            into = parts[j].data_ptr() if joined else y.data_ptr() + 4 * start  # one row: the runs side by side
+            plan.add(kquant_library()[0].kquant_mm, packed.data_ptr(), kind, None if bias is None else bias.data_ptr(),
+                     x.data_ptr(), n, outputs, x.shape[1], into, torch.get_num_threads(), checked=True)
+            start += outputs
+        if joined:
+            plan.run(functools.partial(torch.cat, parts, -1, out=y))
+        return y
 
 
 class DecodeStep:
@@ -152,6 +206,8 @@ class DecodeStep:
             self.layers.append((layer.input_layernorm.weight, stack([a.q_proj, a.k_proj, a.v_proj]), stack([a.o_proj]),
                                 layer.post_attention_layernorm.weight, stack([m.gate_proj, m.up_proj]),
                                 stack([m.down_proj]), a.scaling))
+        self.lock = threading.Lock()
+        self.plans: dict[tuple[int, str], Plan] = {}  # by rows and attention, the forwards kept (DecodeStep.plan)
 
     @staticmethod
     def fits(model) -> bool:
@@ -176,40 +232,83 @@ class DecodeStep:
         if not self.exact and (tree is not None or prompt or length == 0) \
                 or not all(isinstance(layer, RoomLayer) for layer in cache.layers) or len(cache.layers) != len(self.layers):
             return None
-        n, d, g = ids.shape[1], self.head_dim, self.heads // self.kv_heads
+        with self.lock:  # one forward at a time: the plans' buffers are shared (generations on threads of their own)
+            return self.forward(ids, cache, length, keep, tree, prompt)
+
+    def forward(self, ids: torch.Tensor, cache, length: int, keep: int, tree: TreeInput | None, prompt: bool):
+        n = ids.shape[1]
         h = self.model.get_input_embeddings()(ids[0]).float()  # the residual stream, [n, hidden], in float32
         mask, positions = self.visibility(n, length, tree, prompt)
-        plan = visible(length, n, None if mask is None else mask[0, 0]) if self.exact and not prompt else None
+        attention = ("rows" if not prompt else "prompt") if self.exact else "grouped"
+        plan = self.plans.get((n, attention)) or self.plan(n, attention)
         cos, sin = (c[0].contiguous() for c in self.model.get_decoder().rotary_emb(h[None], positions))  # [n, d]
-        x = torch.empty(n, self.hidden, dtype=self.dtype)  # each norm's output: the next product's input
-        q = torch.empty(self.heads, n, d, dtype=self.dtype)
-        act = torch.empty(n, self.inter, dtype=self.dtype)
-        add = None  # the last product's output, for the residual stream (tensors named: alive through the C calls)
-        for layer, (norm1, qkv, out, norm2, gate_up, down, scale) in zip(cache.layers, self.layers):
-            self.add_norm(h.data_ptr(), None if add is None else add.data_ptr(), norm1.data_ptr(), n, self.hidden,
-                          self.eps, x.data_ptr())
+        plan.h.value, plan.cos.value, plan.sin.value, plan.length.value = h.data_ptr(), cos.data_ptr(), sin.data_ptr(), length
+        if attention == "rows":  # each row alone, as a step computes it
+            counts, idx = visible(length, n, None if mask is None else mask[0, 0])
+            plan.counts.value, plan.idx.value = counts.data_ptr(), None if idx is None else idx.data_ptr()
+            plan.width.value = 0 if idx is None else idx.shape[1]
+        plan.layers, plan.mask = cache.layers, mask
+        for layer, (keys, values, room, stride) in zip(cache.layers, plan.rooms):
             if not layer.is_initialized:
-                empty = torch.empty(1, self.kv_heads, 0, d, dtype=self.dtype)
+                empty = torch.empty(1, self.kv_heads, 0, self.head_dim, dtype=self.dtype)
                 layer.update(empty, empty)
-            keys, values = layer.reserve(n)
-            rows = qkv(x)
-            self.rotate_write(rows.data_ptr(), cos.data_ptr(), sin.data_ptr(), n, self.heads, self.kv_heads, d,
-                              q.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.shape[2], length)
-            if plan is not None:  # each row alone, as a step computes it
-                o = rows_attention(q, layer.keys, layer.values, plan, scale)
-            elif self.exact:  # a prompt's rows: one grouped call
-                o = row_attention(None, q[None], layer.keys, layer.values, mask, scaling=scale, prompt_pass=True)[0]
-            else:  # each key/value head's query heads stacked as rows: the keys are read as they are, not repeated
-                o = F.scaled_dot_product_attention(q.view(1, self.kv_heads, g * n, d), layer.keys, layer.values,
-                                                   attn_mask=mask, scale=scale).view(self.heads, n, d).transpose(0, 1)
-            add = out(o.reshape(n, -1))
-            self.add_norm(h.data_ptr(), add.data_ptr(), norm2.data_ptr(), n, self.hidden, self.eps, x.data_ptr())
-            rows = gate_up(x)
-            self.silu_mul(rows.data_ptr(), n, self.inter, act.data_ptr())
-            add = down(act)
+            k, v = layer.reserve(n)
+            keys.value, values.value, room.value, stride.value = k.data_ptr(), v.data_ptr(), k.shape[2], k.stride(1)
+        try:
+            for call, args, checked in plan.calls:
+                result = call(*args)
+                if checked and result:
+                    raise MemoryError("no memory for a product's rounded rows or the attention's scores")
+        finally:
+            plan.layers = plan.mask = None  # a kept plan must not keep a finished generation's cache alive
+        return self.model.get_output_embeddings()(plan.x[n - keep:])
+
+    def plan(self, n: int, attention: str) -> Plan:
+        """The calls of a forward of n rows with their arguments bound, over buffers made here (unbound, the calls'
+        Python cost the target's step 7% and the draft's 14% of their time). Kept for the sizes of steps and passes;
+        a prompt's (its own mask) is made for it alone."""
+        d, dt = self.head_dim, self.dtype
+        plan = Plan(len(self.layers))
+        x = plan.x = torch.empty(n, self.hidden, dtype=dt)  # each norm's output: the next product's input
+        q = torch.empty(self.heads, n, d, dtype=dt)
+        o, act = torch.empty(n, self.heads * d, dtype=dt), torch.empty(n, self.inter, dtype=dt)
+        plan.keep(x, q, o, act)
+        add = None  # the last product's output, for the residual stream
+        for j, (norm1, qkv, out, norm2, gate_up, down, scale) in enumerate(self.layers):
+            keys, values, room, stride = plan.rooms[j]
+            plan.add(self.add_norm, plan.h, None if add is None else add.data_ptr(), norm1.data_ptr(), n, self.hidden,
+                     self.eps, x.data_ptr())
+            rows = qkv.bind(plan, x, n)
+            plan.add(self.rotate_write, rows.data_ptr(), plan.cos, plan.sin, n, self.heads, self.kv_heads, d, q.data_ptr(),
+                     keys, values, room, plan.length)
+            if attention == "rows":
+                plan.add(kquant_library()[0].rows_attention, q.data_ptr(), keys, values, stride, n, self.heads,
+                         self.kv_heads, d, plan.counts, plan.idx, plan.width, scale, o.data_ptr(), torch.get_num_threads(),
+                         checked=True)
+            else:
+                plan.run(functools.partial(self.attend, plan, j, q, o, scale, attention == "prompt"))
+            add = out.bind(plan, o, n)
+            plan.add(self.add_norm, plan.h, add.data_ptr(), norm2.data_ptr(), n, self.hidden, self.eps, x.data_ptr())
+            rows = gate_up.bind(plan, x, n)
+            plan.add(self.silu_mul, rows.data_ptr(), n, self.inter, act.data_ptr())
+            add = down.bind(plan, act, n)
         norm = self.model.get_decoder().norm
-        self.add_norm(h.data_ptr(), add.data_ptr(), norm.weight.data_ptr(), n, self.hidden, self.eps, x.data_ptr())
-        return self.model.get_output_embeddings()(x[n - keep:])
+        plan.add(self.add_norm, plan.h, add.data_ptr(), norm.weight.data_ptr(), n, self.hidden, self.eps, x.data_ptr())
+        if attention != "prompt" and n <= PLANNED:
+            self.plans[n, attention] = plan
+        return plan
+
+    def attend(self, plan: Plan, j: int, q: torch.Tensor, o: torch.Tensor, scale: float, prompt: bool) -> None:
+        """Layer j's attention in PyTorch, into `o`: a prompt's rows of the exact target in one grouped call, or the
+        draft's rows with each key/value head's query heads stacked as rows (its keys read as they are, not repeated)."""
+        layer, mask, d, n = plan.layers[j], plan.mask, self.head_dim, q.shape[1]
+        if prompt:
+            o.copy_(row_attention(None, q[None], layer.keys, layer.values, mask, scaling=scale, prompt_pass=True)[0]
+                    .reshape(n, -1))
+        else:
+            o.view(n, self.heads, d).copy_(F.scaled_dot_product_attention(
+                q.view(1, self.kv_heads, -1, d), layer.keys, layer.values, attn_mask=mask, scale=scale)
+                .view(self.heads, n, d).transpose(0, 1))
 
     def visibility(self, n: int, length: int, tree: TreeInput | None, prompt: bool):
         """(the attention's mask, [1, 1, n, length + n] booleans or None, and the rows' positions [1, n])."""

@@ -182,6 +182,47 @@ def test_the_written_out_target_follows_the_general_forward(exact_target):
     assert worst < 0.1 and written.step.took == 2 + 3
 
 
+def test_the_forwards_plans_serve_every_cache_and_thread_with_its_own_numbers(exact_target):
+    """A DecodeStep keeps each size's forward as bound calls over buffers of its own (DecodeStep.plan). Two caches
+    that take turns on one step (the race's two lanes), one of them growing its buffers past their room between two
+    steps, and two threads decoding at once, get the logits each would get on a step of its own; and logits handed out
+    stay as they were when later forwards run."""
+    import threading
+
+    def decode(step, prompt, steps, ready=None):
+        lm = CachedModel(exact_target, 272, step=step)
+        lm.prefill(prompt)
+        if ready:
+            ready.wait()  # both threads decode at once
+        return [lm.forward(torch.tensor([(3 * i + prompt[0]) % 250 + 3]), keep=1) for i in range(steps)]
+
+    prompts = ([(7 * i) % 250 + 3 for i in range(250)], [(5 * i) % 250 + 3 for i in range(40)])  # 250 + 12 > 256: grows
+    alone = [decode(DecodeStep(exact_target), prompt, 60) for prompt in prompts]
+    shared = DecodeStep(exact_target)
+    lanes = [CachedModel(exact_target, 272, step=shared) for _ in prompts]
+    for lm, prompt in zip(lanes, prompts):
+        lm.prefill(prompt)
+    taken, kept = [[], []], None
+    for i in range(12):
+        for j, (lm, prompt) in enumerate(zip(lanes, prompts)):
+            taken[j].append(lm.forward(torch.tensor([(3 * i + prompt[0]) % 250 + 3]), keep=1))
+        if i == 0:
+            kept = [t[0].clone() for t in taken]
+    assert all(torch.equal(a, b) for j in range(2) for a, b in zip(alone[j][:12], taken[j], strict=True))
+    assert torch.equal(kept[0], taken[0][0]) and torch.equal(kept[1], taken[1][0])
+    assert lanes[0].cache.layers[0].buffers["keys"].shape[2] > 256  # the first lane's buffers grew on the way
+    results, ready = [None, None], threading.Barrier(2)
+
+    def worker(j):
+        results[j] = decode(shared, prompts[j], 60, ready)
+    threads = [threading.Thread(target=worker, args=(j,)) for j in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(torch.equal(a, b) for j in range(2) for a, b in zip(alone[j], results[j], strict=True))
+
+
 def test_speculative_decoding_on_the_blocks_is_plain_decoding(files, exact_target):
     """A draft of other weights (a perturbed model in bfloat16), chains and trees, several K: greedy output is the
     target's own, token for token, and sampled output with a seed is reproducible."""

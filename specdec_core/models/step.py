@@ -29,6 +29,7 @@ import ctypes
 import functools
 import itertools
 import threading
+import types
 from pathlib import Path
 
 import torch
@@ -73,11 +74,12 @@ class Plan:
     """A forward of n rows as calls in order, each (function, its bound arguments, whether a non-zero result means no
     memory), the buffers they write, and the ctypes values they were bound to that each forward sets anew: the
     residual stream, the rotation's rows, the cache's length, the rows' visible keys, each layer's key and value
-    buffers with their room and stride. `layers` and `mask`: the cache's, for the attention in PyTorch."""
+    buffers with their room and stride. `cache`: the cache's layers and mask, for the attention in PyTorch (held
+    apart, so that no call refers back to its plan: a plan that is not kept is freed at once, buffers and all)."""
 
     def __init__(self, layers: int):
         p = ctypes.c_void_p
-        self.calls, self.buffers, self.x, self.layers, self.mask = [], [], None, None, None
+        self.calls, self.buffers, self.x, self.cache = [], [], None, types.SimpleNamespace(layers=None, mask=None)
         self.h, self.cos, self.sin, self.counts, self.idx = p(), p(), p(), p(), p()
         self.length, self.width = ctypes.c_int(), ctypes.c_int()
         self.rooms = [(p(), p(), ctypes.c_int(), ctypes.c_long()) for _ in range(layers)]
@@ -247,7 +249,7 @@ class DecodeStep:
             counts, idx = visible(length, n, None if mask is None else mask[0, 0])
             plan.counts.value, plan.idx.value = counts.data_ptr(), None if idx is None else idx.data_ptr()
             plan.width.value = 0 if idx is None else idx.shape[1]
-        plan.layers, plan.mask = cache.layers, mask
+        plan.cache.layers, plan.cache.mask = cache.layers, mask
         for layer, (keys, values, room, stride) in zip(cache.layers, plan.rooms):
             if not layer.is_initialized:
                 empty = torch.empty(1, self.kv_heads, 0, self.head_dim, dtype=self.dtype)
@@ -260,7 +262,7 @@ class DecodeStep:
                 if checked and result:
                     raise MemoryError("no memory for a product's rounded rows or the attention's scores")
         finally:
-            plan.layers = plan.mask = None  # a kept plan must not keep a finished generation's cache alive
+            plan.cache.layers = plan.cache.mask = None  # a kept plan must not keep a finished generation's cache alive
         return self.model.get_output_embeddings()(plan.x[n - keep:])
 
     def plan(self, n: int, attention: str) -> Plan:
@@ -286,7 +288,7 @@ class DecodeStep:
                          self.kv_heads, d, plan.counts, plan.idx, plan.width, scale, o.data_ptr(), torch.get_num_threads(),
                          checked=True)
             else:
-                plan.run(functools.partial(self.attend, plan, j, q, o, scale, attention == "prompt"))
+                plan.run(functools.partial(self.attend, plan.cache, j, q, o, scale, attention == "prompt"))
             add = out.bind(plan, o, n)
             plan.add(self.add_norm, plan.h, add.data_ptr(), norm2.data_ptr(), n, self.hidden, self.eps, x.data_ptr())
             rows = gate_up.bind(plan, x, n)
@@ -298,10 +300,10 @@ class DecodeStep:
             self.plans[n, attention] = plan
         return plan
 
-    def attend(self, plan: Plan, j: int, q: torch.Tensor, o: torch.Tensor, scale: float, prompt: bool) -> None:
+    def attend(self, cache, j: int, q: torch.Tensor, o: torch.Tensor, scale: float, prompt: bool) -> None:
         """Layer j's attention in PyTorch, into `o`: a prompt's rows of the exact target in one grouped call, or the
         draft's rows with each key/value head's query heads stacked as rows (its keys read as they are, not repeated)."""
-        layer, mask, d, n = plan.layers[j], plan.mask, self.head_dim, q.shape[1]
+        layer, mask, d, n = cache.layers[j], cache.mask, self.head_dim, q.shape[1]
         if prompt:
             o.copy_(row_attention(None, q[None], layer.keys, layer.values, mask, scaling=scale, prompt_pass=True)[0]
                     .reshape(n, -1))

@@ -79,13 +79,18 @@ class Plan:
 
     def __init__(self, layers: int):
         p = ctypes.c_void_p
-        self.calls, self.buffers, self.x, self.cache = [], [], None, types.SimpleNamespace(layers=None, mask=None)
+        self.calls, self.buffers, self.x, self.cache = [], {}, None, types.SimpleNamespace(layers=None, mask=None)
         self.h, self.cos, self.sin, self.counts, self.idx = p(), p(), p(), p(), p()
         self.length, self.width = ctypes.c_int(), ctypes.c_int()
         self.rooms = [(p(), p(), ctypes.c_int(), ctypes.c_long()) for _ in range(layers)]
 
-    def keep(self, *tensors: torch.Tensor) -> None:
-        self.buffers += tensors
+    def buffer(self, name: str, rows: int, width: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The buffer `name` of this shape, one for all layers: each layer's calls write it after the last reader of
+        the layer before (a prompt's plan of 256 rows holds one layer's, 37 MB on the bundled target, not 28)."""
+        key = (name, rows, width, dtype)
+        if key not in self.buffers:
+            self.buffers[key] = torch.empty(rows, width, dtype=dtype)
+        return self.buffers[key]
 
     def add(self, call, *args, checked: bool = False) -> None:
         self.calls.append((call, args, checked))
@@ -133,10 +138,9 @@ class Int4Product:
                                                            self.stacked["scales"])
         return y if self.bias is None else y + self.bias
 
-    def bind(self, plan: Plan, x: torch.Tensor, n: int) -> torch.Tensor:
-        """This product of x's n rows as the plan's calls; returns the buffer [n, outputs] they write."""
-        y = torch.empty(n, self.out_features, dtype=torch.bfloat16)
-        plan.keep(y)
+    def bind(self, plan: Plan, x: torch.Tensor, name: str) -> torch.Tensor:
+        """This product of x's rows as the plan's calls, into its buffer `name`, which it returns."""
+        n, y = len(x), plan.buffer(name, len(x), self.out_features, torch.bfloat16)
         if not (self.fused and self.own):
             plan.run(lambda: y.copy_(self(x)))
             return y
@@ -167,12 +171,11 @@ class KQuantProduct:
                 m.packed, start = packed[start:start + m.packed.numel()], start + m.packed.numel()
             self.runs.append((kind, packed, bias, sum(m.out_features for m in run)))
 
-    def bind(self, plan: Plan, x: torch.Tensor, n: int) -> torch.Tensor:
+    def bind(self, plan: Plan, x: torch.Tensor, name: str) -> torch.Tensor:
         """As Int4Product.bind. One row's outputs of each run lie side by side; several rows' are joined after."""
-        y = torch.empty(n, sum(outputs for *_, outputs in self.runs))
+        n, y = len(x), plan.buffer(name, len(x), sum(outputs for *_, outputs in self.runs))
         joined = len(self.runs) > 1 and n > 1  # each run's rows into a buffer of their own, joined after
-        parts = [torch.empty(n, outputs) for *_, outputs in self.runs] if joined else []
-        plan.keep(y, *parts)
+        parts = [plan.buffer(f"{name} {j}", n, run[-1]) for j, run in enumerate(self.runs)] if joined else []
         start = 0
         for j, (kind, packed, bias, outputs) in enumerate(self.runs):
             into = parts[j].data_ptr() if joined else y.data_ptr() + 4 * start  # one row: the runs side by side
@@ -271,16 +274,15 @@ class DecodeStep:
         a prompt's (its own mask) is made for it alone."""
         d, dt = self.head_dim, self.dtype
         plan = Plan(len(self.layers))
-        x = plan.x = torch.empty(n, self.hidden, dtype=dt)  # each norm's output: the next product's input
-        q = torch.empty(self.heads, n, d, dtype=dt)
-        o, act = torch.empty(n, self.heads * d, dtype=dt), torch.empty(n, self.inter, dtype=dt)
-        plan.keep(x, q, o, act)
+        x = plan.x = plan.buffer("x", n, self.hidden, dt)  # each norm's output: the next product's input
+        q = plan.buffer("q", self.heads, n * d, dt).view(self.heads, n, d)
+        o, act = plan.buffer("o", n, self.heads * d, dt), plan.buffer("act", n, self.inter, dt)
         add = None  # the last product's output, for the residual stream
         for j, (norm1, qkv, out, norm2, gate_up, down, scale) in enumerate(self.layers):
             keys, values, room, stride = plan.rooms[j]
             plan.add(self.add_norm, plan.h, None if add is None else add.data_ptr(), norm1.data_ptr(), n, self.hidden,
                      self.eps, x.data_ptr())
-            rows = qkv.bind(plan, x, n)
+            rows = qkv.bind(plan, x, "qkv")
             plan.add(self.rotate_write, rows.data_ptr(), plan.cos, plan.sin, n, self.heads, self.kv_heads, d, q.data_ptr(),
                      keys, values, room, plan.length)
             if attention == "rows":
@@ -289,11 +291,11 @@ class DecodeStep:
                          checked=True)
             else:
                 plan.run(functools.partial(self.attend, plan.cache, j, q, o, scale, attention == "prompt"))
-            add = out.bind(plan, o, n)
+            add = out.bind(plan, o, "attended")
             plan.add(self.add_norm, plan.h, add.data_ptr(), norm2.data_ptr(), n, self.hidden, self.eps, x.data_ptr())
-            rows = gate_up.bind(plan, x, n)
+            rows = gate_up.bind(plan, x, "gate_up")
             plan.add(self.silu_mul, rows.data_ptr(), n, self.inter, act.data_ptr())
-            add = down.bind(plan, act, n)
+            add = down.bind(plan, act, "down")
         norm = self.model.get_decoder().norm
         plan.add(self.add_norm, plan.h, add.data_ptr(), norm.weight.data_ptr(), n, self.hidden, self.eps, x.data_ptr())
         if attention != "prompt" and n <= PLANNED:

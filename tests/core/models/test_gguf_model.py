@@ -244,6 +244,19 @@ def test_a_plan_that_is_not_kept_is_freed_when_its_forward_ends(exact_target):
         gc.enable()
 
 
+def test_a_plan_holds_one_layers_buffers_whatever_the_number_of_layers(exact_target):
+    """Every layer writes the same buffers in turn: a prompt's plan of 256 rows holds one layer's outputs (37 MB on the
+    bundled target), not every layer's (1 GB)."""
+    c = exact_target.config
+    d = c.hidden_size // c.num_attention_heads
+    qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * d
+    one_layer = 4 * c.hidden_size + 3 * c.intermediate_size + 2 * qkv + 2 * c.intermediate_size  # floats a row, parts too
+    for n, attention in ((1, "rows"), (40, "prompt")):
+        plan = DecodeStep(exact_target).plan(n, attention)
+        held = sum(t.numel() for t in plan.buffers.values())
+        assert c.num_hidden_layers > 1 and 0 < held <= n * one_layer, (held, n * one_layer)
+
+
 def test_speculative_decoding_on_the_blocks_is_plain_decoding(files, exact_target):
     """A draft of other weights (a perturbed model in bfloat16), chains and trees, several K: greedy output is the
     target's own, token for token, and sampled output with a seed is reproducible."""

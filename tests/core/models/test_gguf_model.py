@@ -224,8 +224,8 @@ def test_the_forwards_plans_serve_every_cache_and_thread_with_its_own_numbers(ex
 
 
 def test_a_plan_that_is_not_kept_is_freed_when_its_forward_ends(exact_target):
-    """A prompt's plan (its own mask, its own size) holds buffers of every row: with the collector's cycles it would
-    wait for a collection, and a 1,000-token prompt's are 150 MB on the bundled target."""
+    """A prompt's plan (its own mask, its own size) holds buffers for every row: left to the collector's cycles, each
+    waited for a collection, and the bench's peak memory on the bundled pair rose from 4.35 to 7.3-8.5 GB."""
     import gc
     import weakref
 

@@ -270,7 +270,7 @@ class DecodeStep:
 
     def plan(self, n: int, attention: str) -> Plan:
         """The calls of a forward of n rows with their arguments bound, over buffers made here (unbound, the calls'
-        Python cost the target's step about 5% of its time and the draft's 5-9%). Kept for the sizes of steps and passes;
+        Python cost the target's step about 5% of its time and the draft's 4-9%). Kept for the sizes of steps and passes;
         a prompt's (its own mask) is made for it alone."""
         d, dt = self.head_dim, self.dtype
         plan = Plan(len(self.layers))

@@ -163,9 +163,34 @@ def dequantise_rows(raw: torch.Tensor, kind: int, in_features: int, ids: torch.T
     n = raw.numel() // (in_features // QK * RAW[kind])
     if raw.dtype != torch.uint8 or in_features % QK or (len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= n)):
         raise ValueError(f"rows of Q{kind}_K weights [{n}, {in_features}] asked for outside them, or weights of another type")
+    if library()[0] is None:  # no compiler: the same arithmetic in PyTorch
+        return rows_in_torch(raw, kind, in_features, ids)
     out = torch.empty(len(ids), in_features)
     kernel().kquant_rows(raw.data_ptr(), ids.data_ptr(), len(ids), in_features, kind, out.data_ptr())
     return out
+
+
+def rows_in_torch(raw: torch.Tensor, kind: int, in_features: int, ids: torch.Tensor) -> torch.Tensor:
+    """dequantise_rows without the kernel: the same float32 operations in the same order (kquant_row), so the
+    same bits."""
+    b = raw.reshape(-1, in_features // QK * RAW[kind])[ids].reshape(len(ids), -1, RAW[kind]).long()  # [rows, blocks, bytes]
+    half = lambda lo: (b[..., lo] | b[..., lo + 1] << 8).to(torch.int16).view(torch.float16).float()[..., None]
+    if kind == 4:  # d, dmin, 12 bytes of 6-bit scales and minimums, 128 bytes of nibbles
+        s = b[..., 4:16]
+        sc = torch.cat([s[..., :4] & 63, s[..., 8:] & 15 | (s[..., :4] >> 6) << 4], -1)
+        m = torch.cat([s[..., 4:8] & 63, s[..., 8:] >> 4 | (s[..., 4:8] >> 6) << 4], -1)
+        qs = b[..., 16:].reshape(*b.shape[:2], 4, 1, 32)
+        q = torch.cat([qs & 15, qs >> 4], 3).reshape(*b.shape[:2], 8, 32).float()
+        values = half(0)[..., None] * sc[..., None].float() * q - half(2)[..., None] * m[..., None].float()
+    else:  # 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, d
+        ql, qh = b[..., :128].reshape(*b.shape[:2], 2, 1, 64), b[..., 128:192].reshape(*b.shape[:2], 2, 1, 32)
+        # per half, values l, l + 32, l + 64, l + 96: ql[l] & 15, ql[l + 32] & 15, ql[l] >> 4, ql[l + 32] >> 4
+        low = torch.cat([ql & 15, ql >> 4], 3).reshape(*b.shape[:2], 2, 4, 32)
+        high = torch.cat([(qh >> (2 * i)) & 3 for i in range(4)], 3)
+        q = (low | high << 4).reshape(*b.shape[:2], 16, 16).float() - 32
+        sc = b[..., 192:208].to(torch.int8).float()
+        values = half(208)[..., None] * sc[..., None] * q
+    return values.reshape(len(ids), in_features)
 
 
 def quantise(w: torch.Tensor, kind: int) -> torch.Tensor:

@@ -10,6 +10,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,19 +37,45 @@ AVX512_VNNI = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c"}  # as /
 AVX512_VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c"]  # and as gcc does
 
 
+LOCK_WAIT_S = float(os.environ.get("SPECDEC_LOCK_TIMEOUT_S", "600"))  # a first start's longest step takes about a minute
+
+
 @contextmanager
-def locked(folder: Path, name: str = ".lock"):
+def locked(folder: Path, name: str = ".lock", timeout_s: float | None = None):
     """What the lock file `folder/name` guards, to this caller alone: another process, or another thread here (each
-    opens the file anew), waits, then finds what was made."""
+    opens the file anew), waits, then finds what was made. A wait past `timeout_s` (LOCK_WAIT_S) is a TimeoutError
+    that says why: a start stuck on the same cache must not leave this one waiting for ever."""
     if fcntl is None:
         yield
         return
+    wait = LOCK_WAIT_S if timeout_s is None else timeout_s
+    limit = time.monotonic() + wait
     with open(folder / name, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > limit:
+                    raise TimeoutError(f"another process has held the cache's lock {name} for over {wait:.0f} s (another "
+                                       "start on the same SPECDEC_CACHE?): stop it, or start with another cache") from None
+                time.sleep(0.1)
         try:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def remove_leftovers(folder: Path) -> None:
+    """The temporary folders (tmp*) that a start killed midway left in `folder`: removed under its lock, which every
+    maker of one holds while it exists. Where the lock cannot be had now, they wait for a later start."""
+    try:
+        with locked(folder, timeout_s=0):
+            for left in folder.glob("tmp*"):
+                if left.is_dir():
+                    shutil.rmtree(left, ignore_errors=True)
+    except (OSError, TimeoutError):
+        pass
 
 
 def private_dir(folder: Path) -> str:
@@ -56,7 +83,7 @@ def private_dir(folder: Path) -> str:
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     st = folder.stat()
     if hasattr(os, "getuid") and (st.st_uid != os.getuid() or st.st_mode & 0o022):
-        return f"{folder} is writable by other users (or not owned by this one), so nothing is loaded from it"
+        return f"the cache's {folder.name} folder is writable by other users (or not owned by this one), so nothing is loaded from it"
     return ""
 
 
@@ -77,17 +104,42 @@ def build(source: Path, flags: list[str], folder: Path | None = None) -> tuple[c
         unsafe = private_dir(folder)
         if unsafe:
             return None, unsafe
-        with locked(folder):
-            if not built.exists():
-                with tempfile.TemporaryDirectory(dir=folder) as tmp:
-                    out = Path(tmp) / built.name
-                    subprocess.run([cc, *flags, f"-I{HEADERS}", str(source), "-o", str(out)], check=True,
-                                   capture_output=True, timeout=120)
-                    out.replace(built)  # whole or not at all: another process may be loading it
-        return ctypes.CDLL(str(built)), ""
-    except (OSError, subprocess.SubprocessError) as e:
-        detail = getattr(e, "stderr", b"") or b""
-        return None, f"building it failed: {e} {detail.decode(errors='replace')[-300:]}".strip()
+        remove_leftovers(folder)
+        lib = verified(built)  # built before: read without the lock, which another start may hold
+        if lib is None:
+            with locked(folder):
+                lib = verified(built) or compiled(cc, source, flags, built)
+        return lib, ""
+    except (OSError, subprocess.SubprocessError, TimeoutError) as e:
+        # the reason may reach a visitor's status line: no server path in it; the operator's log has the details
+        detail = (getattr(e, "stderr", b"") or b"").decode(errors="replace")[-600:]
+        warnings.warn(f"building {source.name} failed: {e} {detail}".strip(), RuntimeWarning)
+        why = f"exit status {e.returncode}" if isinstance(e, subprocess.CalledProcessError) else \
+            e.strerror if isinstance(e, OSError) and e.strerror else e.__class__.__name__
+        return None, f"building it failed ({why}; the server's log has the compiler's message)"
+
+
+def verified(built: Path) -> ctypes.CDLL | None:
+    """The library at `built` where its bytes are those its build wrote (the digest kept beside it), else None: a
+    truncated or replaced file is built again, never loaded."""
+    try:
+        if built.with_suffix(".sha256").read_text() == hashlib.sha256(built.read_bytes()).hexdigest():
+            return ctypes.CDLL(str(built))
+    except OSError:
+        pass
+    return None
+
+
+def compiled(cc: str, source: Path, flags: list[str], built: Path) -> ctypes.CDLL:
+    """`source` built into `built`, with its digest beside it (the caller holds the folder's lock)."""
+    with tempfile.TemporaryDirectory(dir=built.parent) as tmp:
+        out, digest = Path(tmp) / built.name, Path(tmp) / "digest"
+        subprocess.run([cc, *flags, f"-I{HEADERS}", str(source), "-o", str(out)], check=True, capture_output=True,
+                       timeout=120)
+        digest.write_text(hashlib.sha256(out.read_bytes()).hexdigest())
+        out.replace(built)  # whole or not at all: another process may be loading it
+        digest.replace(built.with_suffix(".sha256"))
+    return ctypes.CDLL(str(built))
 
 
 def load(source: Path, flags: list[str], needs: set[str], unused: str) -> tuple[ctypes.CDLL | None, str]:

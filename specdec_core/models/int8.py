@@ -22,9 +22,13 @@ def int8_weights(linear: nn.Linear, saved: dict | None) -> tuple[torch.Tensor, t
     layout unpacked), else the linear's, quantised."""
     if saved and "colsum" in saved:  # [out / 16, in / 4, 16 outputs, 4 inputs], outputs padded to 32
         tiles = saved["weight"]
-        return tiles.permute(0, 2, 1, 3).reshape(len(saved["colsum"]), -1)[: len(saved["scale"])], saved["scale"]
+        weight, scale = tiles.permute(0, 2, 1, 3).reshape(len(saved["colsum"]), -1)[: len(saved["scale"])], saved["scale"]
+    elif saved:
+        weight, scale = saved["qweight"], saved["scale"]
     if saved:
-        return saved["qweight"], saved["scale"]
+        if weight.shape != (linear.out_features, linear.in_features) or scale.shape != (linear.out_features,):
+            raise ValueError("saved int8 weights of another shape than the layer's")
+        return weight, scale
     w = linear.weight.detach().float()
     scale = channel_scales(w)
     # torch.quantize_per_channel's arithmetic (times the float inverse, half to even), in a fifth of its time
@@ -71,6 +75,8 @@ class TokenInt8Linear(nn.Module):
         if self.kernel == "vnni":
             read = saved and "colsum" in saved  # in the kernel's layout already
             self.packed = Int8Product.read(saved, self.bias) if read else Int8Product(*int8_weights(linear, saved), self.bias)
+            if (self.packed.out_features, self.packed.in_features) != (self.out_features, self.in_features):
+                raise ValueError("saved int8 weights of another shape than the layer's")
             return
         self.packed = fbgemm_pack(*int8_weights(linear, saved))
         self.pin = torch.zeros(1, linear.in_features)

@@ -16,6 +16,8 @@ The draft's precision changes only how many drafts are accepted, never the outpu
 from __future__ import annotations
 
 import os
+import warnings
+from contextlib import nullcontext
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -79,6 +81,12 @@ class Int4Linear(nn.Module):
             else:  # PyTorch's kernel computes (q - 8) * scale + zero
                 saved = {"packed": torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 2),
                          "scales": torch.cat([step, low + 8 * step], -1).transpose(0, 1).contiguous()}
+        n, k = self.out_features, self.in_features
+        shapes = {"tiles": ((-(-n // 4), -(-k // 128), 320), torch.uint8)} if "tiles" in saved else \
+            {"packed": ((n, k // 2), torch.uint8), "scales": ((k // self.GROUP, n, 2), None)}
+        if any(name not in saved or saved[name].shape != shape or dtype not in (None, saved[name].dtype)
+               for name, (shape, dtype) in shapes.items()):
+            raise ValueError("saved int4 weights of another shape than the layer's")
         self.register_buffer("tiles", saved.get("tiles"))
         self.register_buffer("packed", saved.get("packed"))
         scales = saved.get("scales")
@@ -176,31 +184,52 @@ def quantise(model: nn.Module, make, saved: Path | None, source: str) -> None:
     (packed layouts depend on both), is made again."""
     source = f"{source}, torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, int8 {saved_layout()}"
     if saved is None:
-        replace_saved(model, make, None, source)
-    else:
+        made_anew(model, make)
+        return
+    if made_from(model, make, load_saved(saved, source)):
+        return  # a file whose digest and shapes hold needs no lock: another start may hold it
+    try:
         with locked(saved.parent, saved.name + ".lock"):  # two starts on one cache: the second reads the first's file
-            replace_saved(model, make, saved, source)
+            if not made_from(model, make, load_saved(saved, source)):
+                made_anew(model, make)
+                write_saved(model, saved, source)
+    except OSError as err:  # a lock or file that cannot be opened: the layers made here, kept for this run only
+        warnings.warn(f"the quantised weights could not be kept in the cache ({err.strerror or err})", RuntimeWarning)
+        if any(isinstance(m, nn.Linear) for m in model.modules()):  # not made yet (else the write failed)
+            made_anew(model, make)
 
 
-def replace_saved(model: nn.Module, make, saved: Path | None, source: str) -> None:
-    """quantise's work: the saved tensors read, or the layers made and (with `saved`) written."""
-    tensors = load_saved(saved, source) if saved else {}
-    layers: dict[str, dict] = {}  # "layer name:field" -> {layer name: {field: tensor}}
+def made_from(model: nn.Module, make, tensors: dict) -> bool:
+    """Every nn.Linear made from saved `tensors` ({"layer name:field": tensor}). False, and nothing changed, where
+    there are none or they do not fit the layers (shapes of another model: never handed to a kernel)."""
+    layers: dict[str, dict] = {}
     for key, value in tensors.items():
         name, _, field = key.rpartition(":")
         layers.setdefault(name, {})[field] = value
-    replace_linears(model, lambda name, mod: make(name, mod if name in layers else read(mod), layers.get(name)),
-                    largest_first=not layers)
-    if saved and not tensors:
-        layers = {name: mod for name, mod in model.named_modules() if hasattr(mod, "saved_state")}
-        # a layer saves the layers inside it (Int4Linear's int8 twin) with its own
-        outer = [name for name in layers if name.rpartition(".")[0] not in layers]
-        state = {f"{name}:{key}": value.contiguous() for name in outer for key, value in layers[name].saved_state().items()}
-        partial, digest = saved.with_name(saved.name + ".partial"), saved.with_name(saved.name + ".sha256")
-        save_file(state, str(partial), metadata={"source": source})
-        digest.with_name(digest.name + ".partial").write_text(file_digest(partial))
-        partial.replace(saved)  # a start cut short never leaves half a file behind
-        digest.with_name(digest.name + ".partial").replace(digest)
+    if not tensors or set(layers) != {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}:
+        return False
+    try:
+        replace_linears(model, lambda name, mod: make(name, mod, layers[name]))
+    except ValueError:
+        return False
+    return True
+
+
+def made_anew(model: nn.Module, make) -> None:
+    """Every nn.Linear made from its values, quantised now."""
+    replace_linears(model, lambda name, mod: make(name, read(mod), None), largest_first=True)
+
+
+def write_saved(model: nn.Module, saved: Path, source: str) -> None:
+    layers = {name: mod for name, mod in model.named_modules() if hasattr(mod, "saved_state")}
+    # a layer saves the layers inside it (Int4Linear's int8 twin) with its own
+    outer = [name for name in layers if name.rpartition(".")[0] not in layers]
+    state = {f"{name}:{key}": value.contiguous() for name in outer for key, value in layers[name].saved_state().items()}
+    partial, digest = saved.with_name(saved.name + ".partial"), saved.with_name(saved.name + ".sha256")
+    save_file(state, str(partial), metadata={"source": source})
+    digest.with_name(digest.name + ".partial").write_text(file_digest(partial))
+    partial.replace(saved)  # a start cut short never leaves half a file behind
+    digest.with_name(digest.name + ".partial").replace(digest)
 
 
 def read(linear: nn.Linear) -> nn.Linear:

@@ -20,7 +20,7 @@ import torch
 from ..messages import Note, Refusal
 from .files import DRAFT, TARGET, BundledModel, default_cache_dir, file_digest, part_paths
 from .gguf_model import GGUF, load_dense, load_target
-from .native import locked
+from .native import locked, remove_leftovers
 from .pair import Pair, PairInfo, Progress, make_pair
 
 MANIFEST = "specdec.json"
@@ -88,11 +88,13 @@ def load_bundled(device: torch.device, dtype: torch.dtype, progress: Progress, c
     root = Path(cache_dir or default_cache_dir())
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     remove_old_layouts(root)
+    remove_leftovers(root)  # a killed start's temporary tokenizer folders
     progress(0.05, Note("load_checking", target=TARGET.name, draft=DRAFT.name))
     with ThreadPoolExecutor(2) as pool:  # hashing releases the GIL: the two files are checked side by side
-        checks = {m: pool.submit(checked_parts, m) for m in (TARGET, DRAFT)}
-        checks[TARGET].result()  # before the target's blocks are repacked (on every core): the two would take turns
-        target_file, draft_file = GGUF(part_paths(TARGET)), GGUF(part_paths(DRAFT))
+        checks = [pool.submit(checked_parts, m) for m in (TARGET, DRAFT)]
+        # both before a byte is parsed (a damaged part says "reinstall", not "not a GGUF file"), and before the target's
+        # blocks are repacked (on every core): the two would take turns
+        target_file, draft_file = [GGUF(paths) for paths in [check.result() for check in checks]]
         if target_file.vocabulary() != draft_file.vocabulary():
             raise Refusal("tokenizers_differ", draft=repr(DRAFT.name), target=repr(TARGET.name))
         tok = pool.submit(tokenizer_of, target_file, root, TARGET.sha256)  # from checked bytes only: kept in the cache
@@ -102,7 +104,6 @@ def load_bundled(device: torch.device, dtype: torch.dtype, progress: Progress, c
         draft = load_dense(draft_file, dtype, lazy[1])
         progress(0.8, Note("load_tokenizer"))
         tok = tok.result()
-        checks[DRAFT].result()  # nothing read from a part that fails its check is served
     if device.type != "cpu":
         target, draft = target.to(device), draft.to(device)
     pair = make_pair("bundled", target, draft, tok, device, dtype,

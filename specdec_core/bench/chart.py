@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import statistics
+import threading
 from pathlib import Path
+
+PNG_TIMEOUT_S = 120.0
 
 
 def drafts(settings: dict) -> str:
@@ -33,7 +36,18 @@ def chart(report: dict, path: Path) -> None:
                       yaxis_title="speedup (×), median per category", barmode="group", template="plotly_white",
                       width=1000, height=500, legend=dict(orientation="h", y=-0.15))
     fig.write_html(path.with_suffix(".html"), include_plotlyjs="cdn")
-    try:
-        fig.write_image(path)
-    except Exception as err:  # kaleido needs a Chrome/Chromium; the HTML chart is always written
-        print(f"PNG chart skipped ({err.__class__.__name__}: {err}); wrote {path.with_suffix('.html')}")
+    failed: list[Exception] = []
+
+    def export():
+        try:
+            fig.write_image(path)
+        except Exception as err:  # kaleido needs a Chrome/Chromium; the HTML chart is always written
+            failed.append(err)
+
+    # kaleido drives a browser, which has been seen to hang for good: the bench gives it up and goes on
+    worker = threading.Thread(target=export, daemon=True, name="png chart")
+    worker.start()
+    worker.join(PNG_TIMEOUT_S)
+    if worker.is_alive() or failed:
+        why = f"timed out after {PNG_TIMEOUT_S:g} s" if worker.is_alive() else f"{failed[0].__class__.__name__}: {failed[0]}"
+        print(f"PNG chart skipped ({why}); wrote {path.with_suffix('.html')}")

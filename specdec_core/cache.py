@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import warnings
 import weakref
+from typing import Iterator
 
 import torch
 from transformers import DynamicCache, StaticCache
@@ -208,11 +209,16 @@ class CachedModel:
         return out.logits[0, n - keep: n].clone()  # a graph's output is overwritten by its next replay
 
     def prefill(self, ids: list[int]) -> None:
-        """Append a prompt's tokens. A long one runs in passes of PROMPT_CHUNK tokens: in one pass over 3,000 tokens
-        every product and activation of the 1.5B target is a fresh tensor of 100 MB, whose new pages cost a CPU more
-        than the arithmetic (29 s in one pass, 15 s in passes of 256). Plain and speculative decoding both prefill
-        here, so their caches stay the same."""
-        head = self.head
+        """Append a prompt's tokens (prefill_chunks, run through)."""
+        for _ in self.prefill_chunks(ids):
+            pass
+
+    def prefill_chunks(self, ids: list[int]) -> Iterator[int]:
+        """Append a prompt's tokens, yielding how many are in after each pass, so that a long prompt can be stopped
+        between them. A long one runs in passes of PROMPT_CHUNK tokens: in one pass over 3,000 tokens every product
+        and activation of the 1.5B target is a fresh tensor of 100 MB, whose new pages cost a CPU more than the
+        arithmetic. Plain and speculative decoding both prefill here, so their caches stay the same."""
+        head, n = self.head, len(ids)
         if head and self.length == 0 and ids[: len(head.ids)] == head.ids:
             # the head's keys and values do not depend on what follows it: computed once, then copied
             if head.cache is None:
@@ -221,8 +227,10 @@ class CachedModel:
             else:
                 self.cache, self.length = copy.deepcopy(head.cache), len(head.ids)
             ids = ids[len(head.ids):]
+            yield n - len(ids)
         for start in range(0, len(ids), PROMPT_CHUNK):
             self.forward(upload(ids[start:start + PROMPT_CHUNK], self.device), keep=1, prompt=True)
+            yield n - len(ids) + min(start + PROMPT_CHUNK, len(ids))
 
     @torch.inference_mode()
     def compact(self, start: int, kept: list[int]) -> None:

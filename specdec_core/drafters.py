@@ -2,7 +2,8 @@
 drafter only changes speed (how many are accepted), never the output distribution.
 
 Interface (three methods):
-  start(ids)                      prefill with the prompt
+  start(ids)                      prefill with the prompt: an iterator, run through, that yields how many of its
+                                   tokens are in after each chunk (a long prompt can be stopped between them)
   propose(ids, k, cfg, generator) -> Draft: up to k tokens, and the distributions q they were
                                    sampled from (None for a deterministic drafter: q is a point mass);
                                    on a GPU the tokens stay on the device, and so may the draft's length;
@@ -57,9 +58,9 @@ class ModelDrafter:
         self.judged, self.judging = [0.0, 0.0], None  # see trust
 
     def start(self, ids):
-        self.lm.reset()
-        self.lm.prefill(ids[:-1])
         self.fed, self.judged, self.judging = None, [0.0, 0.0], None
+        self.lm.reset()
+        yield from self.lm.prefill_chunks(ids[:-1])
 
     def trust(self) -> float:
         """How far this generation's chains have borne out the draft's own estimate of the tokens the target accepts

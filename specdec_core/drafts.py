@@ -102,7 +102,7 @@ class NoDrafter:
     name = "none"
 
     def start(self, ids):
-        pass
+        return iter(())
 
     def propose(self, ids, k, cfg, generator):
         return Draft(torch.empty(0, dtype=torch.long), None)

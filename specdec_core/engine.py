@@ -6,6 +6,7 @@ drafter that proposes nothing, so every round is one single-token target step.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Iterator
@@ -16,7 +17,7 @@ from .cache import TreeInput
 from .config import MAX_K, MAX_PROMPT_CHARS, SpecConfig
 from .drafters import make_drafter
 from .drafts import Draft, NoDrafter
-from .events import Result, RoundEvent, chain, summarize, tree_depths
+from .events import Prefilling, Result, RoundEvent, chain, summarize, tree_depths
 from .messages import Refusal
 from .sampling import NON_FINITE, NonFiniteLogitsError, warp
 from .text import encode_prompt
@@ -37,16 +38,18 @@ def encode_request(pair, prompt: str | list[int], cfg: SpecConfig) -> list[int]:
     return ids
 
 
-def speculative_generate(pair, prompt, cfg: SpecConfig, drafter=None, judge=decide) -> Iterator[RoundEvent]:
+def speculative_generate(pair, prompt, cfg: SpecConfig, drafter=None, judge=decide,
+                         progress: bool = False) -> Iterator[RoundEvent | Prefilling]:
     """One event per round: draft k tokens, verify them in one target pass, commit a prefix + 1.
-    `judge`: the accept/reject rule (verify.decide; the GPU bench swaps in a simulated one)."""
+    `judge`: the accept/reject rule (verify.decide; the GPU bench swaps in a simulated one).
+    `progress`: a Prefilling before the prompt and after each of its chunks, too."""
     drafter = drafter or make_drafter(pair, cfg=cfg)
-    return decode(pair, encode_request(pair, prompt, cfg), cfg, drafter, "speculative", judge)
+    return decode(pair, encode_request(pair, prompt, cfg), cfg, drafter, "speculative", judge, progress)
 
 
-def autoregressive_generate(pair, prompt, cfg: SpecConfig) -> Iterator[RoundEvent]:
+def autoregressive_generate(pair, prompt, cfg: SpecConfig, progress: bool = False) -> Iterator[RoundEvent | Prefilling]:
     """One event per token: the target alone, through the same loop."""
-    return decode(pair, encode_request(pair, prompt, cfg), cfg, NoDrafter(), "autoregressive")
+    return decode(pair, encode_request(pair, prompt, cfg), cfg, NoDrafter(), "autoregressive", progress=progress)
 
 
 def generate(pair, prompt, cfg: SpecConfig, method: str = "speculative", drafter=None) -> Result:
@@ -63,15 +66,23 @@ def generate(pair, prompt, cfg: SpecConfig, method: str = "speculative", drafter
     return Result(prompt_ids, ids, text, summarize(events), events)
 
 
-def decode(pair, prompt_ids: list[int], cfg: SpecConfig, drafter, method: str, judge=decide) -> Iterator[RoundEvent]:
+def decode(pair, prompt_ids: list[int], cfg: SpecConfig, drafter, method: str, judge=decide,
+           progress: bool = False) -> Iterator[RoundEvent | Prefilling]:
     target = pair.cached("target")
     gen = torch.Generator(device=target.device).manual_seed(cfg.seed)
     ids, n_prompt, k = list(prompt_ids), len(prompt_ids), cfg.k
     clock = Clock(target.device)
-    # 0) prefill: each cache takes every token but the last, which opens round 1
-    target.prefill(ids[:-1])
-    drafter.start(ids)
-    prefill_s = clock.lap(sync=True)
+    # 0) prefill: each cache takes every token but the last, which opens round 1, a chunk at a time; with `progress`
+    # a Prefilling before the first and after each (a consumer that stops taking events there stops the prefill)
+    chunks = itertools.chain([("target", 0)], (("target", n) for n in target.prefill_chunks(ids[:-1])),
+                   (("draft", n) for n in drafter.start(ids)))
+    for model, done in chunks:
+        if progress:
+            clock.lap(sync=True)
+            yield Prefilling(model, done, n_prompt - 1, clock.elapsed)
+            clock.resume()
+    clock.lap(sync=True)
+    prefill_s = clock.elapsed
     for rnd in count(1):
         k_round = min(k, cfg.max_new_tokens - (len(ids) - n_prompt) - 1)  # a round commits at most k+1 tokens
         t0 = clock.mark()

@@ -82,6 +82,16 @@ class RoundEvent:
 
 
 @dataclass
+class Prefilling:
+    """Between two chunks of a long prompt (the engine's `progress`): `model`'s cache holds `done` of the prompt's
+    `total` tokens. A consumer that stops taking events here stops the prefill."""
+    model: str  # "target" | "draft"
+    done: int
+    total: int
+    elapsed_s: float  # this decoder's own compute time so far, as a RoundEvent's
+
+
+@dataclass
 class Stats:
     method: str
     drafter: str

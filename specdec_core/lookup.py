@@ -48,7 +48,7 @@ class PromptLookupDrafter:
         self.ngrams = Ngrams(max_ngram, min_ngram)
 
     def start(self, ids):
-        pass
+        return iter(())
 
     def propose(self, ids, k, cfg, generator):
         return Draft(torch.tensor(self.ngrams.after(ids, ids, k)[1], dtype=torch.long), None)
@@ -71,8 +71,8 @@ class HybridDrafter:
         self.pause, self.paused, self.copied = pause, 0, None  # copied: (sequence length, k) of the last copy
 
     def start(self, ids):
-        self.model.start(ids)
         self.paused, self.copied = 0, None
+        return self.model.start(ids)
 
     def propose(self, ids, k, cfg, generator):
         if self.paused:

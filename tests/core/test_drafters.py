@@ -39,7 +39,7 @@ def test_prompt_lookup_proposes_after_a_match_of_two_tokens_or_more():
 def test_hybrid_copies_when_it_can_and_drafts_otherwise(tiny):
     hybrid = make_drafter(tiny, "hybrid")
     ids = [5, 6, 7, 8, 9, 10, 11, 12, 40, 5, 6, 7]  # the last 3-gram occurred before, followed by 8 9 10 11
-    hybrid.start(ids)
+    list(hybrid.start(ids))  # the prefill runs as it is iterated
     copied = hybrid.propose(ids, 4, SpecConfig(min_confidence=0.0), None)
     assert copied.tokens.tolist() == [8, 9, 10, 11] and copied.q is None
     assert hybrid.model.lm.length == len(ids) - 1  # the draft model did not run
@@ -51,7 +51,7 @@ def test_hybrid_copies_when_it_can_and_drafts_otherwise(tiny):
 def test_hybrid_pauses_copying_after_a_copy_the_target_rejected(tiny):
     hybrid = make_drafter(tiny, "hybrid")
     ids = [5, 6, 7, 8, 9, 10, 11, 12, 40, 5, 6, 7]
-    hybrid.start(ids)
+    list(hybrid.start(ids))  # the prefill runs as it is iterated
     copied = lambda draft: draft.expected == 0  # the draft model's drafts carry its own estimate; a copy none
     assert copied(hybrid.propose(ids, 4, SpecConfig(), None))
     hybrid.commit(ids + [8])  # none of the 4 copied tokens accepted, only the target's own
@@ -121,7 +121,7 @@ def test_chains_are_cut_sooner_once_the_target_accepts_less_than_the_draft_estim
         assert all(s >= 0.5 for s in sure[:-1]) and (len(e.drafted) == e.k or sure[-1] < 0.5)
         cut_by_trust += len(e.drafted) < e.k and confidences(e)[-1] >= 0.5
     assert cut_by_trust > 5
-    drafter.start(prompt)
+    list(drafter.start(prompt))  # the prefill runs as it is iterated
     assert trust() == 1.0
 
 

@@ -194,8 +194,8 @@ def test_a_tree_holds_the_chain_the_chain_drafter_drafts(tiny, min_confidence):
     ids = tiny.tokenizer.encode("def fib(n): return")
     cfg = SpecConfig(k=8, min_confidence=min_confidence)
     chain, tree = ModelDrafter(tiny.cached("draft")), ModelDrafter(tiny.cached("draft"))
-    chain.start(ids)
-    tree.start(ids)
+    list(chain.start(ids))  # the prefill runs as it is iterated
+    list(tree.start(ids))  # the prefill runs as it is iterated
     expected = chain.propose(ids, 8, cfg, None).tokens.tolist()
     drafted = tree.propose(ids, 8, dataclasses.replace(cfg, tree_nodes=24), None)
     first_children, at = [], -1
@@ -238,8 +238,9 @@ class MarkovLM:
     def reset(self):
         self.length = 0
 
-    def prefill(self, ids):
+    def prefill_chunks(self, ids):
         self.length = len(ids)
+        yield self.length
 
     def forward(self, ids, keep, step=True, tree=None):
         self.length += ids.numel()
@@ -267,7 +268,7 @@ def first_tokens(drafter, samples: int) -> tuple[list[int], list[int]]:
     cfg, ids, out, depths = SpecConfig(k=4, temperature=1.0, min_confidence=0.35, tree_nodes=16), [2], [], []
     for seed in range(samples):
         g = torch.Generator().manual_seed(seed)
-        drafter.start(ids)
+        list(drafter.start(ids))  # the prefill runs as it is iterated
         d = drafter.propose(ids, cfg.k, cfg, g)
         p = MARKOV[ids[-1:] + d.tokens.tolist()].float()
         verdict = decide(d.tokens, d.parents, d.q, p, g) if len(d) else None

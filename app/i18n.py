@@ -147,6 +147,15 @@ TEXT: dict[str, tuple[str, str]] = {
                         "and tiny pairs are available.",
                         "Não foi possível alcançar o Hugging Face Hub para conferir {model} ({error}). Sem rede, só os "
                         "pares embutido e minúsculo estão disponíveis."),
+    "prompt_tokens": ("The prompt is {n:,} tokens; this server reads prompts of up to {limit:,}. Shorten it.",
+                      "O prompt tem {n:,} tokens; este servidor lê prompts de até {limit:,}. Encurte-o."),
+    "prefilling": ("Reading the prompt ({n:,} tokens) before the first token: {done:,} of {total:,} token readings "
+                   "done (the target's for both decoders, and the draft's)",
+                   "Lendo o prompt ({n:,} tokens) antes do primeiro token: {done:,} de {total:,} leituras de token "
+                   "feitas (as do alvo para os dois decodificadores, e as do rascunho)"),
+    "prefill_eta": (", about {s:.0f} s left.", ", faltam cerca de {s:.0f} s."),
+    "load_wait": ("a pair was loaded moments ago; try again in {s:.0f} s.",
+                  "um par foi carregado há instantes; tente de novo em {s:.0f} s."),
     "pair_not_listed": ("This server only serves its listed pairs; {model} is not among them.",
                         "Este servidor só serve os pares da sua lista; {model} não está entre eles."),
     "setting_missing": ("{name} is missing.", "{name} está faltando."),
@@ -157,6 +166,8 @@ TEXT: dict[str, tuple[str, str]] = {
     "trace_round": ("its round {round} is not one that a race could have made (sizes, tokens or times).",
                     "sua rodada {round} não é uma que uma corrida poderia ter feito (tamanhos, tokens ou tempos)."),
     "trace_tokens": ("its {lane} lane holds more than its {n} tokens.", "sua pista {lane} tem mais que seus {n} tokens."),
+    "trace_texts": ("its {lane} lane's texts are not one for each of its tokens.",
+                    "os textos da sua pista {lane} não são um para cada um de seus tokens."),
     "trace_damaged": ("The trace is damaged: {error}", "O traço está danificado: {error}"),
     "replay_failed": ("Cannot replay: {reason}", "Não é possível reproduzir: {reason}"),
 }

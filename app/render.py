@@ -102,7 +102,7 @@ def pane_html(pieces: list[Piece], placeholder: str = "") -> str:
             continue
         cls, mark = KINDS[p.kind]
         marker = f'<span class="mark" aria-hidden="true">{mark}</span>' if mark else ""
-        where = f' data-round="{p.round}" data-pos="{p.pos}"' if p.pos else ""
+        where = f' data-round="{int(p.round)}" data-pos="{int(p.pos)}"' if p.pos else ""
         spans.append(f'<span class="tok {cls}"{where} title="{html.escape(p.tip)}">'
                      f"{marker}{html.escape(p.text)}</span>")
     return f'<div class="pane">{"".join(spans)}</div>'

@@ -67,6 +67,8 @@ def from_trace(data: dict | str) -> tuple[Race, list[Step]]:
                 raise Said("trace_tokens", lane=name, n=cfg.max_new_tokens)
             lanes[name] = Lane(name, iter(()), None)
             texts, tail = [str(x) for x in data["lanes"][name]["texts"]], str(data["lanes"][name].get("tail", ""))
+            if len(texts) != sum(len(e.committed) for e in events):
+                raise Said("trace_texts", lane=name)
             for e in clipped(events):
                 timeline.append((name, e, texts[: len(e.committed)], tail if e.finished else ""))
                 texts = texts[len(e.committed):]
@@ -81,16 +83,36 @@ def from_trace(data: dict | str) -> tuple[Race, list[Step]]:
 
 
 def checked(e: RoundEvent) -> RoundEvent:
-    """`e` if its fields have the types, sizes and times a real round's have; else Said."""
+    """`e` if its fields have the types, sizes, shapes and times a real round's have; else Said. Nothing of a trace
+    reaches the page but what passes here (numbers as numbers, kinds among the known ones) and escaped text."""
     n = len(e.drafted)
     rows = e.target_top + e.draft_top + [e.residual_top or []]
     times = (e.elapsed_s, e.prefill_s, e.draft_s, e.verify_s, e.overhead_s)
+    probs = (*e.p_drafted, *e.q_drafted, *e.accept_probs, *e.uniforms, e.p_token, e.expected,
+             *(p for row in rows for _, p in row))
+    integers = (*e.drafted, *e.committed, *e.parents, *e.path, e.token, e.round, e.k, e.accepted, e.n_generated,
+                e.draft_steps, *(t for row in rows for t, _ in row))
     if (n > max(MAX_K, MAX_TREE_NODES) or len(e.committed) > n + 1 or len(e.parents) != n or len(e.path) > n
             or len(rows) > 2 * MAX_TOP or any(len(row) > MAX_TOP for row in rows)
-            or not all(isinstance(t, int) for t in (*e.drafted, *e.committed, *e.parents, *e.path, e.token))
-            or not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in times)):
-        raise Said("trace_round", round=cut(e.round))
+            or not all(type(t) is int and 0 <= t < 2**40 or t == -1 for t in integers)
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+                       for x in (*times, *probs))
+            or any(len(v) != n for v in (e.p_drafted, e.q_drafted, e.accept_probs, e.uniforms))
+            or not tree_shaped(e) or e.accepted != len(e.path) or e.round < 1
+            or (e.method, e.token_kind) not in KINDS or e.finish_reason not in (None, "eos", "length")
+            or not all(isinstance(b, bool) for b in (e.greedy, e.finished)) or not isinstance(e.drafter, str)):
+        raise Said("trace_round", round=cut(str(e.round)))
     return e
+
+
+KINDS = {("autoregressive", "target"), ("speculative", "replacement"), ("speculative", "bonus")}
+
+
+def tree_shaped(e: RoundEvent) -> bool:
+    """Parents before their children, and the path a line of nodes from the root, each the last one's child."""
+    return (all(-1 <= parent < i for i, parent in enumerate(e.parents))
+            and all(0 <= node < len(e.parents) and e.parents[node] == (e.path[j - 1] if j else -1)
+                    for j, node in enumerate(e.path)))
 
 
 def clipped(events: list[RoundEvent]):

@@ -75,7 +75,7 @@ def tree_html(e: RoundEvent | None, label, lang: str = "en") -> str:
         text = visible(label(token))
         short = text if len(text) <= CHARS else text[: CHARS - 1] + "…"
         tip = t(TIPS[kinds[i]], lang, x=text, p=e.p_drafted[i] if i < n else e.p_token)
-        boxes.append(f'<g class="tn tn-{kinds[i]}" data-round="{e.round}" data-pos="{i + 1}" tabindex="0">'
+        boxes.append(f'<g class="tn tn-{kinds[i]}" data-round="{int(e.round)}" data-pos="{i + 1}" tabindex="0">'
                      f"<title>{html.escape(tip)}</title>"
                      f'<rect x="{cx:.0f}" y="{y(row[i]):.0f}" width="{W}" height="{H}" rx="5"/>'
                      f'<text x="{cx + W / 2:.0f}" y="{y(row[i]) + H / 2:.0f}">{html.escape(short)}</text></g>')

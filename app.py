@@ -37,6 +37,7 @@ def options(argv=None) -> argparse.Namespace:
     allowed = env("SPECDEC_ALLOWED_MODELS", "").split(",") + args.pair.split(",")  # the pair it starts with, too
     args.allowlist = frozenset(x.strip() for x in allowed if x.strip())
     args.visitor_tokens = int(env("SPECDEC_VISITOR_TOKENS", "20000"))
+    args.max_prompt_tokens = int(env("SPECDEC_MAX_PROMPT_TOKENS", "1024"))  # hosted: a prompt's prefill stays seconds
     return args
 
 
@@ -62,18 +63,18 @@ def main(argv=None):
     manager = PairManager(args.device, args.dtype, allow_custom=not args.hosted, allowlist=args.allowlist,
                           graphs=args.graphs, probe=not args.zero_gpu, target_quant=args.target_quant,
                           allow_local=args.local_models)
-    limits = VisitorLimits(args.visitor_tokens) if args.hosted else None
+    limits = VisitorLimits(args.visitor_tokens, max_prompt_tokens=args.max_prompt_tokens) if args.hosted else None
     load = None
     if args.pair == "none":  # e.g. a lecture laptop that only replays recorded traces
         manager.say("status_replay")
     else:
         load = manager.load_in_background(args.pair)  # the page is up at once and shows loading progress
-    from app.ui import CLICK_JS, CSS, build_app  # gradio's import (seconds) while the pair loads
+    from app.ui import build_app, launch  # gradio's import (seconds) while the pair loads
 
     demo = build_app(manager, limits)
     threading.Thread(target=settle_memory, args=(load,), daemon=True, name="settle memory").start()
     demo.queue(max_size=args.queue_size, default_concurrency_limit=args.concurrency)
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS, js=CLICK_JS, footer_links=["api"])
+    launch(demo, server_name=args.host, server_port=args.port, share=args.share)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,10 @@ def visitor_of(request) -> str:
     if request is None:
         return "local"
     hops = proxy_hops()
-    forwarded = [x.strip() for x in (getattr(request, "headers", None) or {}).get("x-forwarded-for", "").split(",")]
+    headers = getattr(request, "headers", None) or {}
+    # a proxy may add a header line of its own rather than append to the last: the lines read as one list, in order
+    lines = headers.getlist("x-forwarded-for") if hasattr(headers, "getlist") else [headers.get("x-forwarded-for", "")]
+    forwarded = [x.strip() for line in lines for x in line.split(",")]
     forwarded = [x for x in forwarded if x]
     if hops and forwarded:
         return forwarded[-min(hops, len(forwarded))]
@@ -32,11 +35,17 @@ def visitor_of(request) -> str:
 
 
 class VisitorLimits:
-    def __init__(self, tokens_per_hour: int, concurrent: int = 1, window_s: float = 3600.0):
+    def __init__(self, tokens_per_hour: int, concurrent: int = 1, window_s: float = 3600.0,
+                 max_prompt_tokens: int | None = None):
         self.tokens_per_hour, self.concurrent, self.window_s = tokens_per_hour, concurrent, window_s
+        self.max_prompt_tokens = max_prompt_tokens  # a prompt is read whole before the first token: minutes, if long
         self._active: dict[str, int] = defaultdict(int)
         self._spent: dict[str, deque] = defaultdict(deque)  # (time, tokens) per visitor
         self._lock = threading.Lock()
+
+    def check_prompt(self, tokens: int) -> None:
+        if self.max_prompt_tokens is not None and tokens > self.max_prompt_tokens:
+            raise Said("prompt_tokens", n=tokens, limit=self.max_prompt_tokens)
 
     @contextmanager
     def admit(self, visitor: str, tokens: int):

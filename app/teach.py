@@ -123,8 +123,12 @@ def export(race, lang: str = "en"):
     return str(path)
 
 
+MAX_REPLAY_S = 120.0  # a replay's wall time, at any speed: past it, the rest of the trace is shown at once
+
+
 def replay(file, speed: float = 1.0, lang: str = "en"):
-    """Play a recorded trace at its measured timestamps (divided by `speed`); no model is needed."""
+    """Play a recorded trace at its measured timestamps (divided by `speed`), for MAX_REPLAY_S at most; no model is
+    needed."""
     try:
         if file and Path(file).stat().st_size > MAX_TRACE_BYTES:  # refused before it is read
             raise Said("trace_too_big", mb=MAX_TRACE_BYTES / 1e6)
@@ -135,6 +139,7 @@ def replay(file, speed: float = 1.0, lang: str = "en"):
     start, last_plots = time.monotonic(), 0.0
     for item in timeline:
         wait = item[1].elapsed_s / min(max(float(speed or 1.0), 0.25), 8.0) - (time.monotonic() - start)
+        wait = min(wait, MAX_REPLAY_S - (time.monotonic() - start))
         if wait > 0:
             time.sleep(wait)
         replay_step(race, item)

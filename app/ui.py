@@ -16,6 +16,7 @@ from . import handlers, teach
 from .i18n import LANGUAGES, t
 from .pairs import PRESETS
 from .render import legend_html, message_html
+from .trace import MAX_TRACE_BYTES
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 PROMPTS = Path(__file__).resolve().parents[1] / "specdec_core" / "bench" / "prompts.jsonl"
@@ -39,6 +40,7 @@ CLICK_JS = """
 # A race streams for tens of seconds: its summary says "Running…". Gradio's trackers, which redraw a timer on every
 # output each animation frame, would take the browser's share of the CPU from the decoders beside it.
 STREAMED = dict(api_visibility="private", concurrency_id="gpu", show_progress="hidden")
+REPLAYS = 16  # replays at once
 
 
 class key:
@@ -247,8 +249,9 @@ def wire_teaching(panel, manager, state, controls, prompt, outputs, runs):
                          concurrency_id="gpu", **private)
     panel["step"].click(one_round, controls.inputs(state, prompt), outputs, concurrency_id="gpu", **private)
     panel["export"].click(teach.export, [state, lang], panel["trace_out"], **private)
+    # a replay runs no model: visitors' replays run side by side, each for teach.MAX_REPLAY_S at most
     return panel["replay"].click(teach.replay, [panel["trace_in"], panel["speed"], lang], outputs, show_progress="hidden",
-                                 **private)
+                                 concurrency_id="replay", concurrency_limit=REPLAYS, **private)
 
 
 class Controls:
@@ -267,6 +270,11 @@ class Controls:
 
 def build_app(manager, limits=None) -> gr.Blocks:
     return build(manager, limits)[0]
+
+
+def launch(demo: gr.Blocks, **options):
+    """Serve the page: uploads (traces) capped at the trace limit, before Gradio stores them."""
+    return demo.launch(css=CSS, js=CLICK_JS, footer_links=["api"], max_file_size=MAX_TRACE_BYTES, **options)
 
 
 def build(manager, limits=None) -> tuple[gr.Blocks, Texts]:

@@ -8,12 +8,13 @@ from typing import NamedTuple
 
 import gradio as gr
 
+from specdec_core.models.load import release_freed_memory
 from specdec_core.sampling import NonFiniteLogitsError
 
 from . import plots
 from .i18n import said, t
 from .limits import visitor_of
-from .race import Race, advance, start_race
+from .race import Race, advance, start_race, stop
 from .render import message_html, pane_html, pieces
 from .settings import Ask, ask
 from .tree import tree_html
@@ -46,10 +47,13 @@ def lane_pieces(race: Race, lane, lang: str = "en"):
     return pieces(lane.events, lane.texts, lane.tail, race.label, lang)
 
 
-def view(race: Race, lang: str = "en", with_plots: bool = True, note: str = "") -> View:
-    """Everything the screen shows of a race, derived from its events in `lang`."""
+def view(race: Race, lang: str = "en", with_plots: bool = True, note: str = "", s_per_token: float | None = None) -> View:
+    """Everything the screen shows of a race, derived from its events in `lang`. s_per_token: what a token of a
+    prompt cost a model before (the estimate shown before a long prompt's first chunk)."""
     plain, spec = race.plain.stats, race.spec.stats  # summarised once per update: this runs beside the models
     summary = plots.summary_html(plain, spec, race.identical, not race.done, lang, race.parted)
+    if not race.spec.events and not race.done:
+        summary = prefill_html(race, lang, s_per_token) or summary
     panes = [pane_html(lane_pieces(race, lane, lang), t("waiting", lang)) for lane in (race.plain, race.spec)]
     tree = tree_html(next((e for e in reversed(race.spec.events) if e.drafted), None), race.label, lang)
     figs = ((plots.race_figure(race.plain.events, race.spec.events, lang), plots.speed_figure(plain, spec, lang),
@@ -58,17 +62,46 @@ def view(race: Race, lang: str = "en", with_plots: bool = True, note: str = "") 
     return View(*panes, tree, summary + (message_html(note, "error") if note else ""), *figs, race)
 
 
+PREFILL_SHOWN = 256  # prompts of at least this many tokens say what they will take before the first token
+
+
+def prefill_parts(race: Race) -> tuple[int, int, float]:
+    """(tokens of the prompt still to read, summed over the models that read it, tokens read, seconds spent on them)."""
+    n = race.meta.get("prompt_tokens", 0)
+    models = 2 + (race.meta.get("drafter") in ("model", "hybrid"))  # plain's target, speculative's target and draft
+    read, spent = 0, 0.0
+    for lane in (race.plain, race.spec):
+        if lane.prefilling is not None:
+            earlier = n if lane.prefilling.model == "draft" else 0  # the draft reads after its lane's target
+            read, spent = read + earlier + lane.prefilling.done, spent + lane.prefilling.elapsed_s
+    return max(models * n - read, 0), read, spent
+
+
+def prefill_html(race: Race, lang: str, s_per_token: float | None) -> str:
+    """While a long prompt is read: how far, and about how long it still takes (measured on this prompt once it has
+    begun, before that on the last one)."""
+    n = race.meta.get("prompt_tokens", 0)
+    if race.tokenizer is None or n < PREFILL_SHOWN:  # a replay has read no prompt
+        return ""
+    left, read, spent = prefill_parts(race)
+    rate = spent / read if read >= 64 and spent > 0 else s_per_token
+    eta = t("prefill_eta", lang, s=left * rate) if rate else ""
+    return message_html(t("prefilling", lang, n=n, done=read, total=read + left) + eta, "info")
+
+
 def empty_view(message: str, kind: str = "error") -> View:
     """Leave the panes as they are and say what is wrong."""
     return View(gr.skip(), gr.skip(), gr.skip(), message_html(message, kind), *(gr.skip(),) * 5)
 
 
 @contextmanager
-def admitted(limits, request, wanted: Ask):
+def admitted(limits, request, wanted: Ask, prompt_tokens: int):
+    """Charged to the visitor (hosted): both decoders' new tokens, and the prompt each reads first."""
     if limits is None:
         yield
     else:
-        with limits.admit(visitor_of(request), 2 * wanted.cfg.max_new_tokens):  # both decoders
+        limits.check_prompt(prompt_tokens)
+        with limits.admit(visitor_of(request), 2 * (wanted.cfg.max_new_tokens + prompt_tokens)):
             yield
 
 
@@ -83,21 +116,27 @@ def race_stream(manager, limits, prompt, settings: dict, request: gr.Request = N
     try:
         wanted = ask(settings)
         race = start_race(pair, prompt, wanted.cfg, wanted.drafter)
-        with admitted(limits, request, wanted):
-            yield from _drive(race, wanted.lang)
+        with admitted(limits, request, wanted, race.meta["prompt_tokens"]):
+            yield from _drive(race, wanted.lang, getattr(manager, "prefill_s_per_token", None))
     except ValueError as err:
         yield empty_view(said(err, settings.get("lang") or "en"))
+        return
+    left, read, spent = prefill_parts(race)
+    if not left and read:
+        manager.prefill_s_per_token = spent / read
 
 
 @on_gpu
-def _drive(race: Race, lang: str):
+def _drive(race: Race, lang: str, s_per_token: float | None = None):
     last_ui = last_plots = 0.0
     try:
-        while advance(race):
+        yield view(race, lang, False, s_per_token=s_per_token)  # before the prompt is read: what it will take
+        while lane := advance(race):
             now = time.monotonic()
-            if now - last_ui >= UI_EVERY_S:
+            # each chunk of a prompt is shown: the page moves, and a Stop there ends the prefill
+            if not lane.events or now - last_ui >= UI_EVERY_S:
                 plots_due = now - last_plots >= PLOTS_EVERY_S
-                yield view(race, lang, plots_due)
+                yield view(race, lang, plots_due, s_per_token=s_per_token)
                 last_ui, last_plots = now, now if plots_due else last_plots
     except NonFiniteLogitsError:
         yield view(race, lang, True, t("stopped_nan", lang))
@@ -105,6 +144,9 @@ def _drive(race: Race, lang: str):
     except Exception as err:  # out of memory, a broken checkpoint...: say so, keep serving
         yield view(race, lang, True, t("stopped_failed", lang, err=f"{err.__class__.__name__}: {err}"))
         return
+    finally:  # ended, failed, stopped or left: its caches go now, and the heap they held back to the system
+        stop(race)
+        release_freed_memory()
     yield view(race, lang, True)
 
 
@@ -125,7 +167,7 @@ def api_generate(manager, limits, prompt, settings: dict, request=None):
     try:
         wanted = ask(settings)
         race = start_race(pair, prompt, wanted.cfg, wanted.drafter)
-        with admitted(limits, request, wanted):
+        with admitted(limits, request, wanted, race.meta["prompt_tokens"]):
             yield from _rounds(race)
     except (ValueError, NonFiniteLogitsError) as err:
         raise refused(err) from None
@@ -141,5 +183,9 @@ def api_generate(manager, limits, prompt, settings: dict, request=None):
 
 @on_gpu
 def _rounds(race: Race):
-    while advance(race):
-        yield {"done": False, "tokens": len(race.spec.token_ids), "plain_tokens": len(race.plain.token_ids)}
+    try:
+        while advance(race):
+            yield {"done": False, "tokens": len(race.spec.token_ids), "plain_tokens": len(race.plain.token_ids)}
+    finally:
+        stop(race)
+        release_freed_memory()

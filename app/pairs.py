@@ -1,6 +1,7 @@
 """Which model pair the app serves, loading and switching it without ever leaving the app broken."""
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -9,6 +10,7 @@ from typing import NamedTuple
 
 from specdec_core import load_pair
 from specdec_core.models import LoadOptions, dtype_name
+from specdec_core.models.load import release_freed_memory
 from specdec_core.messages import Note, Refusal, cut
 from specdec_core.theory import expected_speedup
 from specdec_core.timing import probe_costs
@@ -35,6 +37,8 @@ class Weights(NamedTuple):
 
 
 MEMORY_BUDGET_GB = float(os.environ.get("SPECDEC_MEMORY_BUDGET_GB", "40"))  # largest pair (weights) we agree to load
+# hosted: a pair is loaded at most this often (a load costs seconds of every core, and a visitor may not buy them at will)
+LOAD_EVERY_S = float(os.environ.get("SPECDEC_LOAD_EVERY_S", "120"))
 
 
 def parse_spec(spec: str) -> tuple[str, str | None]:
@@ -107,6 +111,8 @@ class PairManager:
         self.serving: list[tuple[str, dict]] = []  # what the status said when the pair now served was loaded
         self.failed = False  # the status reports a failed load (shown as an error)
         self.loading = False
+        self.loaded_at = -float("inf")  # when the last load began (time.monotonic)
+        self.prefill_s_per_token = None  # a prompt's measured cost, a token of one model (handlers: what a prompt will take)
         self._lock = threading.Lock()
 
     def say(self, key: str, **values) -> None:
@@ -145,9 +151,16 @@ class PairManager:
         local = self.allow_local if local is None else local
         if not self._lock.acquire(blocking=False):
             return t("status_busy")
+        if self.pair is not None and not self.failed and (spec or "").strip() == self.spec:
+            self._lock.release()
+            return self.status  # the pair it serves: nothing to load
         self.loading, self.failed = True, False
         try:
             target, draft = self.check_allowed(spec)
+            wait = self.loaded_at + LOAD_EVERY_S - time.monotonic()
+            if not self.allow_custom and self.pair is not None and wait > 0:
+                raise Said("load_wait", s=wait)
+            self.loaded_at = time.monotonic()
             if draft is not None:
                 for model_id in (target, draft):
                     self.say("status_checking", model=model_id)
@@ -156,7 +169,11 @@ class PairManager:
             pair = load_pair(target, draft, self.options, progress=self._progress)
             seconds = time.perf_counter() - t0
             verdict = self.gpu_verdict(pair) if self.probe and pair.device.type == "cuda" else []
-            self.pair, self.spec = pair, spec
+            old, self.pair, self.spec = self.pair, pair, spec.strip()
+            if old is not None:  # its memory back to the system, once no race holds it
+                del old
+                gc.collect()
+                release_freed_memory()
             dtype = dtype_name(pair.dtype)
             info = pair.info
             self.says = [("status_ready", dict(target=info.target, draft=info.draft, device=pair.device,

@@ -7,13 +7,14 @@ its own compute, as if it had the device to itself.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Iterator
 
 from specdec_core import SpecConfig, autoregressive_generate, make_drafter, speculative_generate, summarize
 from specdec_core.drafters import DRAFTERS
 from specdec_core.engine import encode_request
-from specdec_core.events import RoundEvent, Stats
+from specdec_core.events import Prefilling, RoundEvent, Stats
 from specdec_core.models import dtype_name, first_divergence
 from specdec_core.race import interleave
 from specdec_core.text import Detokenizer, token_text
@@ -28,6 +29,7 @@ class Lane:
     texts: list[str] = field(default_factory=list)  # the text each committed token added to the output
     tail: str = ""  # text held back until the end (a character its last token left incomplete)
     done: bool = False
+    prefilling: Prefilling | None = None  # how far through the prompt, before the first round
 
     @property
     def stats(self) -> Stats | None:
@@ -68,8 +70,10 @@ class Race:
     def parted(self) -> tuple[int, str, float, str, float] | None:
         """Where finished greedy outputs that differ part: the position, each decoder's token and the target's
         logit for it (one target pass, computed once)."""
+        d = None
         if self.identical is False and self.compare is not None and self._parted is None:
             d = self.compare(self.plain.token_ids, self.spec.token_ids)
+        if d is not None:
             self._parted = (d["position"], self.label(d["ar_token"]), d["ar_logit"], self.label(d["spec_token"]),
                             d["spec_logit"])
         return self._parted
@@ -78,15 +82,17 @@ class Race:
 def start_race(pair, prompt: str, cfg: SpecConfig, drafter: str = DRAFTERS[0], plain: bool = True) -> Race:
     """Validate everything up front (raising ValueError with a message) before any compute starts."""
     ids = encode_request(pair, prompt, cfg)
-    spec = Lane("speculative", speculative_generate(pair, ids, cfg, make_drafter(pair, drafter, cfg)),
+    spec = Lane("speculative", speculative_generate(pair, ids, cfg, make_drafter(pair, drafter, cfg), progress=True),
                 Detokenizer(pair.tokenizer, skip_special_tokens=True))
-    lane = Lane("plain", autoregressive_generate(pair, ids, cfg), Detokenizer(pair.tokenizer, skip_special_tokens=True))
+    lane = Lane("plain", autoregressive_generate(pair, ids, cfg, progress=True),
+                Detokenizer(pair.tokenizer, skip_special_tokens=True))
     lane.done = not plain
     meta = {"pair": pair.name, "target": pair.info.target, "draft": pair.info.draft, "drafter": drafter,
-            "device": str(pair.device), "dtype": dtype_name(pair.dtype), "prompt": prompt}
+            "device": str(pair.device), "dtype": dtype_name(pair.dtype), "prompt": prompt, "prompt_tokens": len(ids)}
     order = interleave({one.name: one.stream for one in (lane, spec) if not one.done})
-    return Race(lane, spec, cfg, pair.tokenizer, meta=meta, compare=lambda a, b: first_divergence(pair, ids, a, b),
-                order=order)
+    held = weakref.ref(pair)  # a race kept in a visitor's state must not keep a pair the server has since replaced
+    return Race(lane, spec, cfg, pair.tokenizer, meta=meta, compare=lambda a, b: first_divergence(held(), ids, a, b)
+                if held() is not None else None, order=order)
 
 
 def advance(race: Race) -> Lane | None:
@@ -95,12 +101,22 @@ def advance(race: Race) -> Lane | None:
     if event is None:
         return None
     lane = race.plain if name == race.plain.name else race.spec
+    if isinstance(event, Prefilling):
+        lane.prefilling = event
+        return lane
     lane.events.append(event)
     lane.texts.extend(lane.detok.add(token) for token in event.committed)
     if event.finished:
         lane.tail = lane.detok.flush()
     lane.done = event.finished
     return lane
+
+
+def stop(race: Race) -> None:
+    """End a race's decoders where they stand (their caches freed now, not when the race is)."""
+    for lane in (race.plain, race.spec):
+        getattr(lane.stream, "close", lambda: None)()
+    race.order = None
 
 
 def run(race: Race) -> Race:

@@ -1,5 +1,6 @@
 """Rendering and plotting are pure functions: tested here without a browser."""
 import html
+from types import SimpleNamespace
 
 import plotly.graph_objects as go
 import pytest
@@ -65,7 +66,8 @@ def test_race_interleaves_on_the_shared_clock_and_matches_the_engine(tiny):
     race = start_race(pair, "hello", cfg)
     moved = set()
     while True:
-        clock = lambda lane: lane.events[-1].elapsed_s if lane.events else 0.0
+        # a lane's clock: its last round's, or before the first one its prompt's last chunk's
+        clock = lambda lane: (lane.events[-1] if lane.events else lane.prefilling or SimpleNamespace(elapsed_s=0.0)).elapsed_s
         before = {race.plain.name: clock(race.plain), race.spec.name: clock(race.spec)}
         waiting = {lane.name for lane in (race.plain, race.spec) if not lane.done}
         lane = advance(race)

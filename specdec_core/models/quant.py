@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import warnings
-from contextlib import nullcontext
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 

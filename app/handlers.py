@@ -8,7 +8,6 @@ from typing import NamedTuple
 
 import gradio as gr
 
-from specdec_core.models.load import release_freed_memory
 from specdec_core.sampling import NonFiniteLogitsError
 
 from . import plots
@@ -66,9 +65,11 @@ PREFILL_SHOWN = 256  # prompts of at least this many tokens say what they will t
 
 
 def prefill_parts(race: Race) -> tuple[int, int, float]:
-    """(tokens of the prompt still to read, summed over the models that read it, tokens read, seconds spent on them)."""
-    n = race.meta.get("prompt_tokens", 0)
-    models = 2 + (race.meta.get("drafter") in ("model", "hybrid"))  # plain's target, speculative's target and draft
+    """(tokens of the prompt still to read, summed over the models that read it, tokens read, seconds spent on them).
+    Each model reads all of it but its last token, which opens the first round."""
+    n = max(race.meta.get("prompt_tokens", 0) - 1, 0)
+    # plain decoding's target, speculative decoding's, and a draft model unless the drafter only looks up the prompt
+    models = 2 + (race.meta.get("drafter") != "prompt-lookup")
     read, spent = 0, 0.0
     for lane in (race.plain, race.spec):
         if lane.prefilling is not None:
@@ -144,9 +145,8 @@ def _drive(race: Race, lang: str, s_per_token: float | None = None):
     except Exception as err:  # out of memory, a broken checkpoint...: say so, keep serving
         yield view(race, lang, True, t("stopped_failed", lang, err=f"{err.__class__.__name__}: {err}"))
         return
-    finally:  # ended, failed, stopped or left: its caches go now, and the heap they held back to the system
+    finally:  # ended, failed, stopped or left: its caches go now
         stop(race)
-        release_freed_memory()
     yield view(race, lang, True)
 
 
@@ -188,4 +188,3 @@ def _rounds(race: Race):
             yield {"done": False, "tokens": len(race.spec.token_ids), "plain_tokens": len(race.plain.token_ids)}
     finally:
         stop(race)
-        release_freed_memory()

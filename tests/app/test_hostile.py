@@ -12,7 +12,7 @@ from starlette.datastructures import Headers
 from app import handlers, teach, ui
 from app.limits import VisitorLimits, visitor_of
 from app.pairs import PairManager
-from app.race import run, start_race
+from app.race import advance, run, start_race
 from app.teach import inspect
 from app.trace import MAX_TRACE_BYTES, to_trace
 from specdec_core import SpecConfig
@@ -172,9 +172,9 @@ def test_a_long_prompt_says_what_it_will_cost_and_stop_ends_its_prefill(tiny, mo
     from specdec_core import cache
 
     monkeypatch.setattr(cache, "PROMPT_CHUNK", 16)
-    forwards = []
-    real = tiny.target.forward
-    monkeypatch.setattr(tiny.target, "forward", lambda *a, **kw: (forwards.append(1), real(*a, **kw))[1])
+    forwards = []  # every model's forward (on the class: a patched instance of the shared pair would stay patched)
+    real = type(tiny.target).forward
+    monkeypatch.setattr(type(tiny.target), "forward", lambda self, *a, **kw: (forwards.append(1), real(self, *a, **kw))[1])
     manager = SimpleNamespace(pair=tiny, loading=False)
     stream = handlers.race_stream(manager, None, "word " * 150, {"max_new_tokens": 8})
     first = next(stream)
@@ -184,3 +184,16 @@ def test_a_long_prompt_says_what_it_will_cost_and_stop_ends_its_prefill(tiny, mo
     assert "Reading the prompt" in shown.summary and 0 < len(forwards) <= 6
     stream.close()
     assert len(forwards) <= 6  # of the 3 x 769 / 16 chunks the prompt would take
+
+
+@pytest.mark.parametrize("drafter, models", [("model", 3), ("early-exit", 3), ("hybrid", 3), ("prompt-lookup", 2)])
+def test_a_prompts_readings_count_every_model_that_reads_it(tiny, drafter, models):
+    """Plain decoding's target, speculative decoding's target, and its draft where the drafter runs a model (the
+    early exit runs the target's first layers)."""
+    race = start_race(tiny, "word " * 60, SpecConfig(max_new_tokens=4), drafter)
+    left, read, _ = handlers.prefill_parts(race)
+    assert read == 0 and left == models * (race.meta["prompt_tokens"] - 1)  # each reads all but the last token
+    while not (race.plain.events and race.spec.events):
+        advance(race)
+    drafts = race.spec.prefilling.model == "draft"
+    assert handlers.prefill_parts(race)[:2] == (0, (2 + drafts) * (race.meta["prompt_tokens"] - 1))

@@ -16,6 +16,7 @@ from specdec_core.drafters import DRAFTERS
 from specdec_core.engine import encode_request
 from specdec_core.events import Prefilling, RoundEvent, Stats
 from specdec_core.models import dtype_name, first_divergence
+from specdec_core.models.load import release_freed_memory
 from specdec_core.race import interleave
 from specdec_core.text import Detokenizer, token_text
 
@@ -113,10 +114,12 @@ def advance(race: Race) -> Lane | None:
 
 
 def stop(race: Race) -> None:
-    """End a race's decoders where they stand (their caches freed now, not when the race is)."""
+    """End a race's decoders where they stand: their caches freed now, not when the race is, and the heap they held
+    given back to the system."""
     for lane in (race.plain, race.spec):
         getattr(lane.stream, "close", lambda: None)()
     race.order = None
+    release_freed_memory()
 
 
 def run(race: Race) -> Race:

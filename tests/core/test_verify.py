@@ -160,3 +160,32 @@ def test_fuzz_draft_equal_to_target_accepts_everything(inputs):
     tokens = torch.multinomial(p[:k], 1, generator=g).view(-1) if k else torch.empty(0, dtype=torch.long)
     v = verify(tokens, p[:k], p, g)
     assert v.n_accepted == k and v.residual is None
+
+
+@pytest.mark.parametrize("parents", [[-1, 0], [-1, -1]], ids=["chain", "siblings"])
+def test_a_node_is_accepted_exactly_when_its_uniform_is_below_its_ratio(parents, monkeypatch):
+    """u < min(1, p/q), strictly: the uniform equal to the ratio, or a hair above it, rejects; a hair below accepts.
+    Random uniforms land on that edge too rarely for any distribution test to see a loosened comparison."""
+    p = torch.tensor([[0.25, 0.75, 0.0], [0.5, 0.25, 0.25], [0.2, 0.3, 0.5]])
+    q = torch.tensor([[0.5, 0.5, 0.0], [0.0, 1.0, 0.0]] if parents == [-1, -1] else [[0.5, 0.5, 0.0], [0.5, 0.5, 0.0]])
+    x = torch.tensor([0, 1] if parents == [-1, -1] else [0, 0])
+    a = accept_probabilities(p[0, 0:1], q[0, 0:1])[0]  # the first node's ratio, as decide computes it: 0.5
+    rand = torch.rand
+    for u, accepted in ((torch.nextafter(a, torch.tensor(0.0)), True), (a, False), (a * 1.0005, False)):
+        uniforms = torch.stack([u, torch.tensor(1.0)])  # the second node always rejected
+        monkeypatch.setattr(torch, "rand", lambda *n, generator=None, device=None, dtype=None:
+                            uniforms.clone() if dtype is None else rand(*n, generator=generator, dtype=dtype))
+        d = decide(x, parents, q, p, torch.Generator().manual_seed(0))
+        assert bool(d.on_path[0]) is accepted, (float(u), float(a))
+
+
+@pytest.mark.parametrize("parents", [[-1, 0], [-1, -1]], ids=["chain", "siblings"])
+def test_a_loosened_comparison_is_caught(parents, monkeypatch):
+    from specdec_core import verify as module
+
+    from ..conftest import mutate
+
+    mutate(monkeypatch, module, "_decide_chain", ("uniforms < accept", "uniforms <= accept * 1.001"))
+    mutate(monkeypatch, module, "_decide_tree", ("uniforms[c] < accept[c]", "uniforms[c] <= accept[c] * 1.001"))
+    with pytest.raises(AssertionError):
+        test_a_node_is_accepted_exactly_when_its_uniform_is_below_its_ratio(parents, monkeypatch)

@@ -300,3 +300,32 @@ def test_trees_sized_by_looking_ahead_are_detected(monkeypatch):
                                                  "    fixed, tokens"))
     with pytest.raises(AssertionError, match="assert np.float64"):
         test_trees_sized_by_a_steep_uneven_cost_emit_exactly_p()
+
+
+# a draft that prefers what the target least wants: later siblings are judged against residuals far from p
+AVERSE_Q = torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 4, dtype=torch.float64)
+AVERSE_P = torch.tensor([[0.05, 0.15, 0.3, 0.5]] * 4, dtype=torch.float64)
+
+
+def test_three_sampled_siblings_of_a_draft_unlike_the_target_emit_exactly_p():
+    """Each sibling's q is its parent's without the siblings drawn before it, renormalised: with p = q (the test
+    above) a later sibling is never judged, so this one takes a draft unlike the target and three siblings."""
+    drafter, samples = ModelDrafter(MarkovLM(AVERSE_Q), width=3), 4000
+    cfg, ids, out = SpecConfig(k=1, temperature=1.0, tree_nodes=3, min_confidence=0.0), [2], []
+    for seed in range(samples):
+        g = torch.Generator().manual_seed(seed)
+        list(drafter.start(ids))
+        d = drafter.propose(ids, cfg.k, cfg, g)
+        assert d.parents == [-1, -1, -1]
+        verdict = decide(d.tokens, d.parents, d.q, AVERSE_P[ids[-1:] + d.tokens.tolist()].float(), g)
+        path = verdict.on_path.nonzero().view(-1).tolist()
+        out.append(int(d.tokens[path[0]]) if path else int(verdict.token))
+    observed = [out.count(t) for t in range(4)]
+    assert chisquare(observed, (AVERSE_P[2] * samples).tolist()).pvalue > 1e-3, observed
+
+
+@pytest.mark.parametrize("earlier", ["m.sibling < node.sibling - 1]", "m.sibling <= node.sibling]"])
+def test_a_sibling_that_removes_one_sibling_too_few_or_too_many_is_caught(earlier, monkeypatch):
+    mutate(monkeypatch, ModelDrafter, "select", ("m.sibling < node.sibling]", earlier))
+    with pytest.raises(AssertionError, match="assert np.float64"):
+        test_three_sampled_siblings_of_a_draft_unlike_the_target_emit_exactly_p()

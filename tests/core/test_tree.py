@@ -262,27 +262,30 @@ MARKOV = torch.tensor([[0.9, 0.05, 0.05], [0.4, 0.3, 0.3], [0.4, 0.3, 0.3]], dty
 STEEP = PassCosts({1: 1.0, 2: 1.6, 4: 2.4, 8: 4.0, 16: 8.0, 65: 33.0}, draft=0.2)  # not convex: 2 -> 4 is cheap
 
 
-def first_tokens(drafter, samples: int) -> tuple[list[int], list[int]]:
-    """The first token each of `samples` tree rounds emits, the target being the draft itself (p = q), and the
-    depth of each round's tree as drafted."""
-    cfg, ids, out, depths = SpecConfig(k=4, temperature=1.0, min_confidence=0.35, tree_nodes=16), [2], [], []
+def first_tokens(drafter, samples: int, target: torch.Tensor = MARKOV,
+                 cfg: SpecConfig = SpecConfig(k=4, temperature=1.0, min_confidence=0.35, tree_nodes=16)):
+    """The first token each of `samples` tree rounds emits after token 2, `target` the target's Markov table (by
+    default the draft's own: p = q), and each round's tree as drafted: (tokens, depths, sizes)."""
+    ids, out, depths, sizes = [2], [], [], []
     for seed in range(samples):
         g = torch.Generator().manual_seed(seed)
         list(drafter.start(ids))  # the prefill runs as it is iterated
         d = drafter.propose(ids, cfg.k, cfg, g)
-        p = MARKOV[ids[-1:] + d.tokens.tolist()].float()
-        verdict = decide(d.tokens, d.parents, d.q, p, g) if len(d) else None
+        p = target[ids[-1:] + d.tokens.tolist()].float()
+        verdict = decide(d.tokens, d.parents, d.q, p, g) if len(d) else None  # none: a plain step
         path = verdict.on_path.nonzero().view(-1).tolist() if verdict is not None else []
-        out.append(int(d.tokens[path[0]]) if path else int(torch.multinomial(p[0], 1, generator=g)))
+        out.append(int(d.tokens[path[0]]) if path else int(verdict.token) if verdict is not None
+                   else int(torch.multinomial(p[0], 1, generator=g)))
         depths.append(max(tree_depths(d.parents), default=0) if len(d) else 0)
-    return out, depths
+        sizes.append(len(d))
+    return out, depths, sizes
 
 
 def test_trees_sized_by_a_steep_uneven_cost_emit_exactly_p():
     """Whether a node is kept must not depend on the token drawn there (or below it): else the kept nodes are a
     biased sample. Here the draft's confidence after a token depends on the token, and the costs reward deep chains."""
     samples = 3000
-    drafted, depths = first_tokens(ModelDrafter(MarkovLM(MARKOV), pass_cost=STEEP), samples)
+    drafted, depths, _ = first_tokens(ModelDrafter(MarkovLM(MARKOV), pass_cost=STEEP), samples)
     assert len(set(depths)) > 1  # chains of both depths were drafted, and the costs made the deeper one pay
     observed = [drafted.count(t) for t in range(3)]
     p = MARKOV[2]
@@ -310,16 +313,10 @@ AVERSE_P = torch.tensor([[0.05, 0.15, 0.3, 0.5]] * 4, dtype=torch.float64)
 def test_three_sampled_siblings_of_a_draft_unlike_the_target_emit_exactly_p():
     """Each sibling's q is its parent's without the siblings drawn before it, renormalised: with p = q (the test
     above) a later sibling is never judged, so this one takes a draft unlike the target and three siblings."""
-    drafter, samples = ModelDrafter(MarkovLM(AVERSE_Q), width=3), 4000
-    cfg, ids, out = SpecConfig(k=1, temperature=1.0, tree_nodes=3, min_confidence=0.0), [2], []
-    for seed in range(samples):
-        g = torch.Generator().manual_seed(seed)
-        list(drafter.start(ids))
-        d = drafter.propose(ids, cfg.k, cfg, g)
-        assert d.parents == [-1, -1, -1]
-        verdict = decide(d.tokens, d.parents, d.q, AVERSE_P[ids[-1:] + d.tokens.tolist()].float(), g)
-        path = verdict.on_path.nonzero().view(-1).tolist()
-        out.append(int(d.tokens[path[0]]) if path else int(verdict.token))
+    samples = 4000
+    out, depths, sizes = first_tokens(ModelDrafter(MarkovLM(AVERSE_Q), width=3), samples, AVERSE_P,
+                                      SpecConfig(k=1, temperature=1.0, tree_nodes=3, min_confidence=0.0))
+    assert set(sizes) == {3} and set(depths) == {1}  # three siblings of the root
     observed = [out.count(t) for t in range(4)]
     assert chisquare(observed, (AVERSE_P[2] * samples).tolist()).pvalue > 1e-3, observed
 
@@ -329,3 +326,27 @@ def test_a_sibling_that_removes_one_sibling_too_few_or_too_many_is_caught(earlie
     mutate(monkeypatch, ModelDrafter, "select", ("m.sibling < node.sibling]", earlier))
     with pytest.raises(AssertionError, match="assert np.float64"):
         test_three_sampled_siblings_of_a_draft_unlike_the_target_emit_exactly_p()
+
+
+# passes of 1.2 steps a token and a draft forward of a step: whether the chain's first node pays (its rank is the
+# root's largest probability, 0.4) turns on whether the round takes two draft forwards or three, and so (MARKOV) on
+# the token drawn there
+COSTLY = PassCosts({1: 1.0, 2: 2.4, 4: 4.8, 8: 9.6, 16: 19.2, 65: 78.0}, draft=1.0)
+TARGET = torch.tensor([[0.2, 0.4, 0.4]] * 3, dtype=torch.float64)  # unlike the draft: a node kept or not matters
+
+
+def test_trees_sized_by_the_last_rounds_forwards_emit_exactly_p():
+    """A tree's size may use the draft forwards the previous round took, never this round's: those follow the
+    tokens this round drew, and a node kept only when its own token made the chain deep is a biased sample."""
+    samples = 3000
+    out, _, sizes = first_tokens(ModelDrafter(MarkovLM(MARKOV), pass_cost=COSTLY), samples, TARGET)
+    assert 0 in sizes and len(set(sizes)) > 1  # the first node's worth was in question
+    observed = [out.count(t) for t in range(3)]
+    assert chisquare(observed, (TARGET[2] * samples).tolist()).pvalue > 1e-3, observed
+
+
+def test_trees_sized_by_this_rounds_own_forwards_are_caught(monkeypatch):
+    own = "    self.forwards = forwards  # this round's own\n    draft = self.select("
+    mutate(monkeypatch, ModelDrafter, "grow", ("    draft = self.select(", own))
+    with pytest.raises(AssertionError, match="assert np.float64"):
+        test_trees_sized_by_the_last_rounds_forwards_emit_exactly_p()

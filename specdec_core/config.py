@@ -33,9 +33,8 @@ class SpecConfig:
     seed: int = setting(0, "seeds the explicit torch.Generator: same seed, same output")
     chat: bool = setting(True, "wrap the prompt in the tokenizer's chat template when it has one")
     adaptive: bool = setting(False, "grow K after a fully accepted round, shrink it after a rejection")
-    min_confidence: float = setting(0.65, "stop a draft once the product of its top probabilities, discounted where this "
-                                          "answer's earlier drafts were accepted less than that, falls below this; 0 = off. "
-                                          "A GPU drafts all k and verifies them all")
+    min_confidence: float = setting(0.0, "also stop a draft once the product of its top probabilities falls below this; "
+                                         "0 = off: how far each round drafts is the measured costs' call (policy.py)")
     record_top: int = setting(0, "top-n probabilities kept per position in events (the app's inspector asks for 5); 0 = none")
     tree_nodes: int = setting(0, "draft a token tree of up to this many nodes (depth up to k) instead of a chain; 0 = a "
                                  "chain. How many are kept follows pass costs timed once per pair")

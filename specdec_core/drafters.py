@@ -13,33 +13,36 @@ Interface (three methods):
 from __future__ import annotations
 
 import copy
+import time
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 from .cache import CachedModel, TreeInput
 from .config import MAX_GUESS
-from .drafts import Draft, Fed, Grown, children, without
+from .drafts import Draft, Fed, Grown, Node, children, without
 from .events import chain
 from .lookup import HybridDrafter, Ngrams, PromptLookupDrafter
 from .messages import Refusal
+from .policy import Policy
 from .sampling import warp
 from .theory import PassCosts, tree_size
 from .timing import tree_costs
 from .transfer import upload
 
 TREE_WIDTH = 4  # a tree node's children
-TRUST_PRIOR = 4.0  # tokens of belief in the draft's estimate before any chain is judged (ModelDrafter.trust)
 
 
 class ModelDrafter:
     """A small causal LM drafts k tokens autoregressively, sampling each from warped q.
 
-    The confidence cut (cfg.min_confidence) stops a chain once the product of the draft's top probabilities times
-    the trust earlier chains earned falls below the threshold. A CPU reads each step's confidence and stops there: the
-    read costs nothing and the steps saved are slow. A GPU must not wait for the host between steps, so it drafts all
-    k and verifies them all: its steps are paid for either way, and a pass of k + 1 rows costs it what a shorter one
-    does, so a cut there would only give up accepted tokens.
+    How far it drafts is the policy's (policy.Policy): before a round, from the costs and the acceptance this
+    answer has met so far, whether to draft at all (else a plain step); within it, whether the next token is
+    worth its forward and its row. A CPU reads each level on the host and decides there: the read costs nothing
+    and the steps saved are slow. A GPU must not wait for the host between steps, so it drafts the policy's
+    forecast length and verifies it all: its steps are paid for either way, and a pass of n + 1 rows costs it what
+    a shorter one does.
     """
 
     name = "model"
@@ -49,27 +52,19 @@ class ModelDrafter:
         self.lm = lm
         self.ngrams = Ngrams(most=MAX_GUESS, least=2)  # where a chain's last 2-3 tokens occurred before: its guesses
         self.cut_on_device = lm.device.type != "cpu" if cut_on_device is None else cut_on_device
-        # a tree: children per node, nodes fed to the draft per level (two on CPUs), costs that size it
+        # a tree: children per node, nodes fed to the draft per level (two on CPUs); the costs that size every draft
         self.width, self.pass_cost = width, pass_cost
         self.expand = (2 if lm.device.type == "cpu" else width) if expand is None else expand
+        self.policy = Policy(pass_cost)
         self.fed: Fed | None = None  # the drafted nodes fed to the cache in the last round
         self.forwards = 1  # draft forwards the last tree took: this round's sizing must not depend on its own draws
         self.guessed = 0  # nodes, over all drafts, whose distribution came with a guess (no forward of their own)
-        self.judged, self.judging = [0.0, 0.0], None  # see trust
+        self.judging: tuple[int, list[Node]] | None = None  # the last draft's start and nodes, judged at commit
 
     def start(self, ids):
-        self.fed, self.judged, self.judging = None, [0.0, 0.0], None
+        self.fed, self.judging, self.policy = None, None, Policy(self.pass_cost)
         self.lm.reset()
         yield from self.lm.prefill_chunks(ids[:-1])
-
-    def trust(self) -> float:
-        """How far this generation's chains have borne out the draft's own estimate of the tokens the target accepts
-        (the sum of their ranks), at most 1, and 1 until a few tokens are judged. A chain is cut where its rank times
-        this falls below cfg.min_confidence: where the target accepts less than the draft believes (a language the
-        draft knows less, a sampled chat), chains stop sooner, as the steps past that point cost more than they bring.
-        The cut depends on earlier rounds and the draft's own draws only, never on this round's verification."""
-        accepted, expected = self.judged
-        return min(1.0, (accepted + TRUST_PRIOR) / (expected + TRUST_PRIOR))
 
     def propose(self, ids, k, cfg, generator) -> Draft:
         """A tree up to k deep, grown a level at a time (EAGLE-2's scheme); a chain (cfg.tree_nodes = 0) is the
@@ -77,28 +72,38 @@ class ModelDrafter:
 
         Each expanded node offers its `width` likeliest children (greedy) or `width` children sampled without
         replacement (Gumbel top-k, in the order drawn); a chain's one child is the argmax or one draw from q. The
-        first child of each is the chain's token; the chain goes as deep as k, cut where the product of its
-        probabilities falls below cfg.min_confidence. A node's rank is its path probability under the draft, the
-        j-th child counted at its parent's j-th largest probability. Each level feeds the draft, in one forward
-        (a tree mask where it branches), the chain's node and the `expand` - 1 best others whose rank is still at
-        least cfg.min_confidence (on a CPU, where each token of a forward costs more, `expand` is 2: one branch
-        grows beside the chain; the rest are leaves, drawn from distributions the chain computes anyway).
-        A tree keeps the chain, then the best alternatives: n nodes are worth 1 + (the sum of their ranks) expected
-        tokens (the draft's own estimate) for a target pass of n + 1 tokens, whose cost `pass_cost` says, and nodes
-        are added in that order while the worth per cost rises (theory.tree_size; the draft forwards are counted as
-        the previous tree took). No node ranks above its parent or an earlier sibling, so what is kept is a tree
-        whose siblings are the first ones drawn, as verify.decide requires; and neither a node's rank nor the ranks
-        before it depend on the token drawn there or below, so sampled nodes are kept without bias.
+        first child of each is the chain's token; the chain goes on while the policy says its next token is worth a
+        forward and a row (policy.Policy.go_on), at most k deep, and stops where its path probability under the draft
+        falls below cfg.min_confidence (0: never). A node's rank is that path probability, the j-th child counted at
+        its parent's j-th largest probability; its worth is the chance the target accepts it and its path, each
+        probability calibrated by this answer's verdicts (policy.Policy.worth). Each level feeds the draft, in one
+        forward (a tree mask where it branches), the chain's node and the `expand` - 1 best others whose rank is
+        still at least cfg.min_confidence (on a CPU, where each token of a forward costs more, `expand` is 2: one
+        branch grows beside the chain; the rest are leaves, drawn from distributions the chain computes anyway).
+        A tree keeps the chain, then the best alternatives by rank: n nodes are worth 1 + (the sum of their worths)
+        expected tokens for a target pass of n + 1 tokens, whose cost `pass_cost` says, and nodes are added in that
+        order while the worth per cost rises (theory.tree_size; the draft forwards are counted as the previous tree
+        took). No node ranks above its parent or an earlier sibling, so what is kept is a tree whose siblings are
+        the first ones drawn, as verify.decide requires; and neither a node's rank or worth nor those before it
+        depend on the token drawn there or below, so sampled nodes are kept without bias.
         Each level's choices are read on the host in one transfer; a GPU's chain (`device_chain`) reads nothing.
         Where a level feeds the chain's node alone, its forward carries up to cfg.guess guesses of the nodes below
         it (`feed`).
         """
-        if not k:
-            return Draft(torch.empty(0, dtype=torch.long, device=self.lm.device), None)
+        n, curve = self.policy.plan(k)
+        if not n:  # drafting does not pay: a plain step, with no draft forward
+            return Draft(torch.empty(0, dtype=torch.long, device=self.lm.device), None, curve=curve,
+                         gain=curve[0] if curve else 0.0)
         width = min(self.width, self.lm.vocab) if cfg.tree_nodes else 1
         if self.cut_on_device and width == 1:
-            return self.device_chain(ids, k, cfg, generator)
-        return self.grow(ids, k, width, cfg, generator)
+            draft = self.device_chain(ids, n, cfg, generator)
+        else:  # read on the host level by level: its time is known without a wait, and the policy learns it where
+            t0, behind = time.perf_counter(), len(ids) - self.lm.length  # the draft caught up as after a drafted round
+            draft = self.grow(ids, k, width, cfg, generator)
+            if behind <= 2:
+                self.policy.observe(time.perf_counter() - t0, draft.steps)
+        draft.curve = curve
+        return draft
 
     def draw(self, g: Grown, logits: torch.Tensor, width: int, cfg, generator) -> tuple[torch.Tensor, torch.Tensor]:
         """The children of the rows `logits` (theirs: `children`), their distributions kept in `g`."""
@@ -118,18 +123,21 @@ class ModelDrafter:
             if depth + 1 < k:
                 logits = self.lm.forward(picks[0], keep=1)
         return Draft(torch.cat(chosen), None if cfg.greedy else torch.stack(g.qs),
-                     torch.stack(g.raw) if cfg.record_top else None, torch.stack(g.failed).any(), steps=len(chosen))
+                     torch.stack(g.raw) if cfg.record_top else None, torch.stack(g.failed).any(), steps=len(chosen),
+                     gain=self.policy.gain(self.policy.forecast_worths(k), k))
 
     def grow(self, ids, k, width, cfg, generator) -> Draft:
         """A chain (with its guesses; width 1) or a tree, a level a forward, each level read on the host."""
         start, limit = len(ids), cfg.tree_nodes or k
         path = list(ids)  # the committed tokens and the chain's so far
         logits, pending = self.feed(ids[self.lm.length:], 1, ids, path, min(cfg.guess, min(k, limit) - 1))
-        g, frontier, forwards, trust = Grown(), [-1], 1, 1.0 if cfg.tree_nodes else self.trust()
+        g, frontier, forwards, worths = Grown(), [-1], 1, []
         for depth in range(k):
-            level = g.add_level(frontier, *self.draw(g, logits, width, cfg, generator))
+            level = g.add_level(frontier, *self.draw(g, logits, width, cfg, generator), self.policy.worth)
             chain_node = next(i for i in level if g.nodes[i].chain)
-            if depth + 1 >= min(k, limit) or g.nodes[chain_node].rank * trust < cfg.min_confidence:
+            worths.append(g.nodes[chain_node].worth)
+            if (depth + 1 >= min(k, limit) or g.nodes[chain_node].rank < cfg.min_confidence
+                    or not self.policy.go_on(worths, forwards)):
                 break
             frontier = self.next_frontier(g, level, chain_node, cfg)
             path.append(g.nodes[chain_node].token)
@@ -146,7 +154,7 @@ class ModelDrafter:
             logits, pending = self.feed([g.nodes[i].token for i in frontier], len(frontier), ids, path, more, tree)
             g.fed += frontier
             forwards += 1
-        draft = self.select(g, start, limit, cfg)
+        draft = self.select(g, start, limit, cfg, forwards)
         self.forwards = draft.steps = forwards
         return draft
 
@@ -172,37 +180,33 @@ class ModelDrafter:
         logits = self.lm.forward(upload(tokens + guesses, self.lm.device), keep=rows + len(guesses), tree=tree)
         return logits[:rows], list(zip(guesses, logits[rows:]))
 
-    def select(self, g: Grown, start: int, limit: int, cfg) -> Draft:
-        """The nodes worth their rows in the target's pass (a chain: every node), as a draft; the fed ones are
-        remembered for commit."""
+    def select(self, g: Grown, start: int, limit: int, cfg, forwards: int) -> Draft:
+        """The nodes worth their rows in the target's pass (a chain: every node), as a draft, with the policy's
+        expected gain for its `forwards`; the fed ones are remembered for commit, the kept ones for their verdicts."""
         nodes = g.nodes
         # the chain first, then the others best first: every prefix is a tree (parents, earlier siblings come first)
         order = sorted(range(len(nodes)), key=lambda i: (not nodes[i].chain, -nodes[i].rank, i))[:limit]
-        n = tree_size([nodes[i].rank for i in order], self.pass_cost if cfg.tree_nodes else None, self.forwards)
+        n = tree_size([nodes[i].worth for i in order], self.policy.costs if cfg.tree_nodes else None, self.forwards)
         keep = sorted(order[:n])
         slot = {node: j for j, node in enumerate(g.fed)}  # where each fed node sits in the cache, after `start`
         self.fed = Fed(start, [nodes[i].token for i in g.fed], [slot.get(nodes[i].parent, -1) for i in g.fed])
-        tokens, expected = [nodes[i].token for i in keep], sum(nodes[i].rank for i in keep)
-        if not cfg.tree_nodes:  # a chain's tokens and the draft's estimate of those accepted, judged at commit
-            self.judging = (start, tokens, expected)
-        if not keep:  # no node pays for its row: a plain step
-            return Draft(torch.empty(0, dtype=torch.long, device=self.lm.device), None)
         renumber = {old: new for new, old in enumerate(keep)}
+        self.judging = (start, [nodes[i]._replace(parent=renumber.get(nodes[i].parent, -1)) for i in keep])
+        tokens, expected = [nodes[i].token for i in keep], sum(nodes[i].rank for i in keep)
+        gain = self.policy.gain([nodes[i].worth for i in keep], forwards)
+        if not keep:  # no node pays for its row: a plain step
+            return Draft(torch.empty(0, dtype=torch.long, device=self.lm.device), None, gain=gain)
         q = None
         if not cfg.greedy:  # each node's q: its parent's, without the siblings drawn before it, renormalised
             earlier = lambda node: [m.token for m in nodes if m.q_row == node.q_row and m.sibling < node.sibling]
             q = torch.stack([without(g.qs[nodes[i].q_row], earlier(nodes[i])) for i in keep])
         shown = torch.stack([g.raw[nodes[i].q_row] for i in keep]) if cfg.record_top else None  # the inspector's
         return Draft(upload(tokens, self.lm.device, torch.long), q, shown, torch.stack(g.failed).any(),
-                     [renumber.get(nodes[i].parent, -1) for i in keep], expected)
+                     [renumber.get(nodes[i].parent, -1) for i in keep], expected, gain=gain)
 
     def commit(self, ids):
-        if self.judging:  # the chain's tokens the target kept: a rejected one is never the token put in its place
-            start, tokens, expected = self.judging
-            kept = ids[start:]
-            accepted = next((i for i, t in enumerate(tokens) if i >= len(kept) or kept[i] != t), len(tokens))
-            self.judged = [self.judged[0] + accepted, self.judged[1] + expected]
-            self.judging = None
+        self.policy.learn(verdicts(*self.judging, ids) if self.judging else [])
+        self.judging = None
         # keep only the committed prefix; the newest committed token is fed next round
         if self.fed:  # keep the fed nodes the committed tokens walk through (a chain's: a prefix, kept in place)
             start, tokens, parents = self.fed
@@ -216,6 +220,23 @@ class ModelDrafter:
             self.fed = None
         self.lm.crop(len(ids) - 1)
         self.lm.check()
+
+
+def verdicts(start: int, nodes: list[Node], ids: list[int]) -> list[tuple[int, float, bool]]:
+    """What the target decided of a draft's `nodes` (their parents among them), read from the tokens it committed
+    from `start` on: (depth, draft probability, accepted) of the first child judged at each depth along the path.
+    A committed token that is one of a node's children is that child accepted (a rejected token is never the one
+    put in its place); any other, every child there rejected."""
+    out, at = [], -1
+    for depth, token in enumerate(ids[start:], start=1):
+        kids = [j for j, node in enumerate(nodes) if node.parent == at]
+        if not kids:
+            break
+        out.append((depth, nodes[kids[0]].prob, nodes[kids[0]].token == token))
+        at = next((j for j in kids if nodes[j].token == token), None)
+        if at is None:
+            break
+    return out
 
 
 class EarlyExitDrafter(ModelDrafter):
@@ -254,17 +275,19 @@ DRAFTERS = ("model", "hybrid", "prompt-lookup", "early-exit")  # by name; the fi
 
 def make_drafter(pair, name: str = DRAFTERS[0], cfg=None):
     """By name: "model" (the pair's draft), "prompt-lookup" (n-grams), "hybrid" (n-grams when text is copied,
-    else the draft), "early-exit" (the target's first quarter of layers). When `cfg` asks for token trees, they
-    are sized by this device's pass costs (timing.tree_costs: timed once per pair)."""
-    costs = tree_costs(pair) if cfg is not None and cfg.tree_nodes and name != "prompt-lookup" else None
+    else the draft), "early-exit" (the target's first quarter of layers). A model's drafts go as far as this
+    device's pass costs say they pay (timing.tree_costs: timed once per pair). `cfg` is not read: the drafter takes
+    each round's settings as it proposes."""
+    if name == "prompt-lookup":
+        return PromptLookupDrafter()
+    costs = tree_costs(pair)
     if name in ("model", "hybrid"):
         if pair.draft is None:
             raise Refusal("no_draft", pair=repr(pair.name))
         drafter = ModelDrafter(pair.cached("draft"), pass_cost=costs)
         return drafter if name == "model" else HybridDrafter(drafter)
-    if name == "prompt-lookup":
-        return PromptLookupDrafter()
-    if name == "early-exit":
-        layers = max(1, len(pair.target.get_decoder().layers) // 4)
-        return EarlyExitDrafter(pair.target, pair.vocab, layers, pass_cost=costs)
+    if name == "early-exit":  # its forward: a quarter of the target's layers
+        total = len(pair.target.get_decoder().layers)
+        layers = max(1, total // 4)
+        return EarlyExitDrafter(pair.target, pair.vocab, layers, pass_cost=replace(costs, draft=layers / total))
     raise Refusal("drafter_unknown", value=repr(name))

@@ -21,6 +21,8 @@ class Draft:
     parents: list[int] = None  # each node's parent (-1: the last committed token); a chain's by default
     expected: float = 0.0  # the draft's own estimate of the tokens the target will accept
     steps: int = 0  # the draft's forwards (a model's; fewer than its tokens where guesses or a tree's levels saved some)
+    curve: list[float] = field(default_factory=list)  # the policy's forecast before the round (policy.Policy.curve)
+    gain: float = 0.0  # the policy's expected tokens per unit time of the round as drafted, relative to plain decoding
 
     def __post_init__(self):
         if self.parents is None:
@@ -46,6 +48,8 @@ class Node(NamedTuple):
     q_row: int  # the row of the distribution it was drawn from (its parent's)
     sibling: int  # its place among its siblings, in the order drawn
     chain: bool  # on the chain: every node on its path a first child
+    prob: float  # its own probability: its parent's j-th largest, the j-th child (rank is the product down to it)
+    worth: float  # the chance the target accepts it and its path, as the policy calibrates the probabilities
 
 
 class Fed(NamedTuple):
@@ -79,19 +83,21 @@ class Grown:
     failed: list[torch.Tensor] = field(default_factory=list)
     fed: list[int] = field(default_factory=list)
 
-    def add_level(self, frontier: list[int], top: torch.Tensor, picks: torch.Tensor) -> list[int]:
-        """The children [len(frontier), width] drawn at the last rows, read in one transfer, as nodes: their indices."""
+    def add_level(self, frontier: list[int], top: torch.Tensor, picks: torch.Tensor, worth=lambda prob: prob) -> list[int]:
+        """The children [len(frontier), width] drawn at the last rows, read in one transfer, as nodes: their indices.
+        `worth(prob)`: the chance the target accepts a token of that draft probability once it reaches it."""
         level_read = Transfer()
         level_read.put("tops", top, floats=True)
         level_read.put("tokens", picks)
         tops, tokens = level_read.read().values()
         level, first_row = [], len(self.qs) - len(frontier)
         for f, parent in enumerate(frontier):
-            above, on_chain = (1.0, True) if parent < 0 else (self.nodes[parent].rank, self.nodes[parent].chain)
+            up = self.nodes[parent] if parent >= 0 else Node(-1, -1, 1.0, -1, 0, True, 1.0, 1.0)
             for j, (token, prob) in enumerate(zip(tokens[f], tops[f])):
                 if prob <= 0:  # the distribution has fewer tokens than `width`
                     break
-                self.nodes.append(Node(token, parent, above * prob, first_row + f, j, on_chain and j == 0))
+                self.nodes.append(Node(token, parent, up.rank * prob, first_row + f, j, up.chain and j == 0, prob,
+                                       up.worth * worth(prob)))
                 level.append(len(self.nodes) - 1)
         return level
 

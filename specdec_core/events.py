@@ -57,6 +57,10 @@ class RoundEvent:
     path: list[int] = field(default_factory=list)  # the accepted nodes, root to leaf; a chain's are its first `accepted`
     expected: float = 0.0  # the tokens the draft expected the target to accept (the sum of its path probabilities)
     draft_steps: int = 0  # the draft model's forwards this round (0: a drafter without a model, or a trace before them)
+    # the draft model's policy (policy.py): before the round, the expected speedup of drafting n = 0..k tokens, as
+    # forecast from this answer's acceptance; and that of the round as it drafted (a plain step's: curve[0])
+    curve: list[float] = field(default_factory=list)
+    gain: float = 0.0
 
     def depth_of(self, i: int) -> int:
         """Node i's depth: 1 for the first token after the committed text."""

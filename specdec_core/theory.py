@@ -56,6 +56,7 @@ class PassCosts:
     """
     sizes: dict[int, float]
     draft: float = 0.0
+    step_ms: float = 0.0  # the target's one-token step, where timed: what a drafter's own timings are relative to
 
     @cached_property
     def hull(self) -> list[tuple[int, float]]:

@@ -117,10 +117,10 @@ TREE_PASS_SIZES = (1, 2, 4, 8, 16, 32, 65)
 
 
 def tree_costs(pair, context: int = 128) -> PassCosts:
-    """What sizes token trees on this device: target passes of 1..65 tokens and a draft forward of a tree
-    level (two tokens), relative to the target's one-token step. Timed once per pair, then kept on it."""
+    """What sizes drafts on this device: target passes of 1..65 tokens and a draft forward of one token, relative to
+    the target's one-token step. Timed once per pair, then kept on it."""
     if pair.pass_costs is None:
         ms = passes_ms(pair, "target", context, TREE_PASS_SIZES, reps=3, warm=1)
-        draft = passes_ms(pair, "draft", context, (2,), reps=3, warm=1)[2] / ms[1] if pair.draft is not None else 0.0
-        pair.pass_costs = PassCosts({n: t / ms[1] for n, t in ms.items()}, draft)
+        draft = passes_ms(pair, "draft", context, (1,), reps=9, warm=2)[1] / ms[1] if pair.draft is not None else 0.0
+        pair.pass_costs = PassCosts({n: t / ms[1] for n, t in ms.items()}, draft, ms[1])
     return pair.pass_costs

@@ -177,7 +177,8 @@ def table(report: dict) -> str:
 def options(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m specdec_core.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--pair", default="bundled", help="bundled | tiny | TARGET_ID,DRAFT_ID")
-    ap.add_argument("--prompts", default=str(Path(__file__).with_name("prompts.jsonl")))
+    ap.add_argument("--prompts", default=str(Path(__file__).with_name("prompts.jsonl")),
+                    help="a JSONL file of prompts, or a comma list of them (heldout.jsonl beside it: prompts kept out of tuning)")
     for name, kind, default, help in SpecConfig.options(skip=NOT_FLAGS):  # as SpecConfig says them
         flag = "--" + name.replace("_", "-")
         if kind is bool:
@@ -275,7 +276,8 @@ def print_report(reports: dict) -> None:
 def main(argv=None) -> dict:
     args = options(argv)
     cfg = SpecConfig(**{name: getattr(args, name) for name, *_ in SpecConfig.options(skip=NOT_FLAGS)})
-    items = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+    items = [json.loads(line) for path in args.prompts.split(",") for line in Path(path).read_text().splitlines()
+             if line.strip()]
     only = {x.strip() for x in args.only.split(",") if x.strip()}
     items = [item for item in items if not only or only & {item["id"], item["category"]}]
     items = items[: args.limit] if args.limit else items

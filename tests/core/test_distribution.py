@@ -13,7 +13,7 @@ import torch
 from scipy.stats import chisquare
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from specdec_core import SpecConfig, drafters, make_drafter, speculative_generate, verify
+from specdec_core import SpecConfig, make_drafter, speculative_generate, verify
 from specdec_core.drafters import ModelDrafter
 from specdec_core.lookup import HybridDrafter, PromptLookupDrafter
 from specdec_core.models import Pair
@@ -122,21 +122,24 @@ def test_speculative_samples_follow_the_target(toy_pair, cfg, drafter):
     assert p_value(toy_pair, cfg, drafter) > 1e-3
 
 
-def test_chains_cut_by_the_trust_earlier_rounds_earned_follow_the_target(toy_pair, monkeypatch):
-    """ModelDrafter.trust cuts a chain sooner where earlier rounds accepted fewer tokens than the draft estimated: a
-    cut that depends on the rounds before and the draft's own draws, never on this round's verification. Without
-    its prior it acts from the second round on; the samples still follow the target. Dropping the node where the
-    cut falls when its own draw was unlikely (a cut that reads the token drawn) is caught."""
-    monkeypatch.setattr(drafters, "TRUST_PRIOR", 1e-3)
-    trusts, trust = [], ModelDrafter.trust
-    monkeypatch.setattr(ModelDrafter, "trust", lambda self: trusts.append(trust(self)) or trusts[-1])
-    assert p_value(toy_pair, CUT) > 1e-3
-    assert sum(t < 0.5 for t in trusts) > SAMPLES / 4  # the cut moved by it often
-    mutate(monkeypatch, ModelDrafter, "grow",
-           ("        if depth + 1 >= min(k, limit)", "        if g.nodes[chain_node].rank * trust < cfg.min_confidence "
-            "and g.qs[-1][g.nodes[chain_node].token] < 0.5:\n            g.nodes.pop()\n            break\n"
-            "        if depth + 1 >= min(k, limit)"))
-    assert p_value(toy_pair, CUT) < 1e-3
+# a draft forward 0.35 of a step, 0.2 a row: the policy's prior drafts, and one rejection is enough to make the
+# next round a plain step
+DEAR = PassCosts({1: 1.0, 2: 1.2, 65: 13.8}, draft=0.35)
+
+
+def test_chains_the_policy_shortens_follow_the_target(toy_pair, monkeypatch):
+    """The policy (policy.py) sets each round's length from the rounds before and the draft's own draws, never this
+    round's verification: some rounds are plain steps, others chains, and the samples still follow the target.
+    Dropping the token where the chain stops when its own draw was unlikely (a rule that reads the token drawn) is
+    caught."""
+    lengths, propose = [], ModelDrafter.propose
+    monkeypatch.setattr(ModelDrafter, "propose", lambda self, *a: lengths.append(len(d := propose(self, *a))) or d)
+    pair = dataclasses.replace(toy_pair, pass_costs=DEAR)
+    assert p_value(pair, CFG) > 1e-3
+    assert {0, 1} <= set(lengths)  # plain steps and chains
+    mutate(monkeypatch, ModelDrafter, "grow", ("            break\n", "            if g.qs[-1][g.nodes[-1].token] < 0.5:\n"
+                                               "                g.nodes.pop()\n            break\n"))
+    assert p_value(pair, CFG) < 1e-3
 
 
 def test_prompt_lookup_s_samples_follow_the_target(toy_pair):

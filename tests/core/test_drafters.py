@@ -1,6 +1,8 @@
 """The drafters (drafters.py, lookup.py): what each proposes, its n-gram guesses and its cut, each lossless."""
 import dataclasses
+import itertools
 import math
+import operator
 
 import pytest
 import torch
@@ -10,6 +12,8 @@ from specdec_core import SpecConfig, autoregressive_generate, generate, speculat
 from specdec_core.drafters import ModelDrafter, make_drafter
 from specdec_core.lookup import Ngrams, PromptLookupDrafter
 from specdec_core.models import Pair
+from specdec_core.policy import Policy
+from specdec_core.theory import PassCosts
 
 from ..conftest import FLAT_COSTS, with_eos
 
@@ -98,31 +102,38 @@ def confidences(event) -> list[float]:
     return [math.prod(top[0][1] for top in event.draft_top[: i + 1]) for i in range(len(event.drafted))]
 
 
-def test_chains_are_cut_sooner_once_the_target_accepts_less_than_the_draft_estimates():
-    """trust: (tokens accepted + 4) / (the draft's estimate of them + 4) over the generation's chains so far, at most
-    1; a chain stops where its confidence times that falls below the cut. Two random models over six tokens: the
-    draft is sure of itself and mostly wrong. Greedy output stays plain decoding's; a new generation trusts again."""
-    pair, prompt = small_vocabulary_pair(), [0, 1, 2, 3, 4, 5, 1, 2]
-    cfg = SpecConfig(k=8, max_new_tokens=120, min_confidence=0.5, record_top=1, guess=0)
-    drafter, trusts = ModelDrafter(pair.cached("draft")), []
-    trust = drafter.trust
-    drafter.trust = lambda: trusts.append(trust()) or trusts[-1]
+# a CPU's costs, in target steps: a draft forward about a third of a step, a pass 0.15 a step more a token
+CPU_COSTS = PassCosts({1: 1.0, 2: 1.15, 4: 1.45, 8: 2.05, 16: 3.25, 65: 10.6}, draft=0.31)
+
+
+def test_each_round_drafts_what_the_policy_reads_from_the_rounds_before():
+    """The policy (policy.py), replayed on the events alone: before each round, its forecast from the verdicts of the
+    rounds before says whether to draft at all (a plain step where it does not pay); within it, the chain goes on
+    exactly while the next token's forecast worth raises the expected tokens per unit time. Two random models over
+    six tokens: the draft is sure of itself and mostly wrong, so plain steps come, and drafting comes back as old
+    verdicts fade. Greedy output stays plain decoding's; a new generation starts from the prior again."""
+    pair, prompt = dataclasses.replace(small_vocabulary_pair(), pass_costs=CPU_COSTS), [0, 1, 2, 3, 4, 5, 1, 2]
+    cfg = SpecConfig(k=8, max_new_tokens=120, min_confidence=0.0, record_top=1, guess=0)
+    drafter = make_drafter(pair)
     events = list(speculative_generate(pair, prompt, cfg, drafter))
-    drafted = [e for e in events if e.k]  # a last round with room for no draft asks nothing
-    assert len(trusts) == len(drafted) and trusts[0] == 1.0
     assert [t for e in events for t in e.committed] == [t for e in autoregressive_generate(pair, prompt, cfg)
                                                         for t in e.committed]
-    accepted, expected = sum(e.accepted for e in events), sum(e.expected for e in events)
-    assert drafter.judged == pytest.approx([accepted, expected])
-    assert trust() == pytest.approx(min(1.0, (accepted + 4) / (expected + 4))) and trust() < 0.8
-    cut_by_trust = 0
-    for e, t in zip(drafted, trusts):
-        sure = [t * c for c in confidences(e)]
-        assert all(s >= 0.5 for s in sure[:-1]) and (len(e.drafted) == e.k or sure[-1] < 0.5)
-        cut_by_trust += len(e.drafted) < e.k and confidences(e)[-1] >= 0.5
-    assert cut_by_trust > 5
+    replay = Policy(CPU_COSTS)
+    for e in events:
+        n, curve = replay.plan(e.k)
+        assert e.curve == pytest.approx(curve) and (n == 0) == (not e.drafted)
+        worths = list(itertools.accumulate((replay.worth(top[0][1]) for top in e.draft_top), operator.mul))
+        assert all(replay.go_on(worths[:j], j) for j in range(1, len(worths)))
+        assert not e.drafted or len(e.drafted) == e.k or not replay.go_on(worths, len(worths))
+        assert e.gain == pytest.approx(replay.gain(worths, len(worths)) if e.drafted else curve[0])
+        judged = range(1, min(e.accepted + 1, len(e.drafted)) + 1)
+        replay.learn([(d, e.draft_top[d - 1][0][1], d <= e.accepted) for d in judged])
+    assert drafter.policy.by_depth.judged == pytest.approx(replay.by_depth.judged)
+    plain = [not e.drafted for e in events[:-1]]
+    assert 5 < sum(plain) < len(plain) - 5 and any(a and not b for a, b in zip(plain, plain[1:]))  # and back
+    assert len({len(e.drafted) for e in events}) > 2
     list(drafter.start(prompt))  # the prefill runs as it is iterated
-    assert trust() == 1.0
+    assert not drafter.policy.by_depth.judged
 
 
 def scanned(ids: list[int], k: int, most: int = 3) -> list[int]:

@@ -11,6 +11,7 @@ from specdec_core.drafters import ModelDrafter
 from specdec_core.drafts import without
 from specdec_core.engine import encode_request
 from specdec_core.events import tree_depths
+from specdec_core.policy import Policy
 from specdec_core.theory import PassCosts, tree_size
 from specdec_core.timing import TREE_PASS_SIZES, tree_costs
 from specdec_core.verify import decide
@@ -281,9 +282,18 @@ def first_tokens(drafter, samples: int, target: torch.Tensor = MARKOV,
     return out, depths, sizes
 
 
-def test_trees_sized_by_a_steep_uneven_cost_emit_exactly_p():
+def grown_by_confidence(monkeypatch):
+    """Trees sized by tree_size alone: every round drafts, the confidence cut alone sets the depth (the policy's own
+    stop held open), so the draft forwards vary with this round's draws, and each node is worth its rank."""
+    monkeypatch.setattr(Policy, "plan", lambda policy, k: (k, []))
+    monkeypatch.setattr(Policy, "go_on", lambda policy, worths, forwards: True)
+    monkeypatch.setattr(Policy, "worth", lambda policy, prob: prob)
+
+
+def test_trees_sized_by_a_steep_uneven_cost_emit_exactly_p(monkeypatch):
     """Whether a node is kept must not depend on the token drawn there (or below it): else the kept nodes are a
     biased sample. Here the draft's confidence after a token depends on the token, and the costs reward deep chains."""
+    grown_by_confidence(monkeypatch)
     samples = 3000
     drafted, depths, _ = first_tokens(ModelDrafter(MarkovLM(MARKOV), pass_cost=STEEP), samples)
     assert len(set(depths)) > 1  # chains of both depths were drafted, and the costs made the deeper one pay
@@ -302,7 +312,7 @@ def test_trees_sized_by_looking_ahead_are_detected(monkeypatch):
                                                  "(1 + sum(ranked[:n])) / (forwards * costs.draft + costs.verify(n + 1)))\n"
                                                  "    fixed, tokens"))
     with pytest.raises(AssertionError, match="assert np.float64"):
-        test_trees_sized_by_a_steep_uneven_cost_emit_exactly_p()
+        test_trees_sized_by_a_steep_uneven_cost_emit_exactly_p(monkeypatch)
 
 
 # a draft that prefers what the target least wants: later siblings are judged against residuals far from p
@@ -335,9 +345,10 @@ COSTLY = PassCosts({1: 1.0, 2: 2.4, 4: 4.8, 8: 9.6, 16: 19.2, 65: 78.0}, draft=1
 TARGET = torch.tensor([[0.2, 0.4, 0.4]] * 3, dtype=torch.float64)  # unlike the draft: a node kept or not matters
 
 
-def test_trees_sized_by_the_last_rounds_forwards_emit_exactly_p():
+def test_trees_sized_by_the_last_rounds_forwards_emit_exactly_p(monkeypatch):
     """A tree's size may use the draft forwards the previous round took, never this round's: those follow the
     tokens this round drew, and a node kept only when its own token made the chain deep is a biased sample."""
+    grown_by_confidence(monkeypatch)
     samples = 3000
     out, _, sizes = first_tokens(ModelDrafter(MarkovLM(MARKOV), pass_cost=COSTLY), samples, TARGET)
     assert 0 in sizes and len(set(sizes)) > 1  # the first node's worth was in question
@@ -349,4 +360,54 @@ def test_trees_sized_by_this_rounds_own_forwards_are_caught(monkeypatch):
     own = "    self.forwards = forwards  # this round's own\n    draft = self.select("
     mutate(monkeypatch, ModelDrafter, "grow", ("    draft = self.select(", own))
     with pytest.raises(AssertionError, match="assert np.float64"):
-        test_trees_sized_by_the_last_rounds_forwards_emit_exactly_p()
+        test_trees_sized_by_the_last_rounds_forwards_emit_exactly_p(monkeypatch)
+
+
+# a draft forward 0.3 of a step, 0.2 a row: drafting pays before the round (the prior's forecast), and a chain's
+# second token does not once its first is drawn at 0.4
+LEAN = PassCosts({1: 1.0, 2: 1.2, 65: 13.8}, draft=0.3)
+CHAIN = SpecConfig(k=4, temperature=1.0)
+
+
+def test_chains_the_policy_plans_and_stops_emit_exactly_p():
+    """The policy drafts (its plan, before the round) and stops the chain after its first token (its rule, within
+    it): what it drafts follows the draft's own draws alone, and a draft unlike the target emits exactly p."""
+    samples = 3000
+    out, depths, _ = first_tokens(ModelDrafter(MarkovLM(MARKOV), pass_cost=LEAN), samples, TARGET, CHAIN)
+    assert max(depths) == 1  # every chain drafted and stopped after its first token
+    observed = [out.count(t) for t in range(3)]
+    assert chisquare(observed, (TARGET[2] * samples).tolist()).pvalue > 1e-3, observed
+
+
+def test_a_policy_that_drops_a_token_by_its_own_draw_is_caught(monkeypatch):
+    """Planted: where the chain stops, its last token is dropped when its own draw was unlikely under the draft (a
+    rule that peeks at what this round drew, to keep it or not)."""
+    mutate(monkeypatch, ModelDrafter, "grow", ("            break\n", "            if g.qs[-1][g.nodes[-1].token] < 0.35:\n"
+                                               "                g.nodes.pop()\n            break\n"))
+    with pytest.raises(AssertionError, match="assert np.float64"):
+        test_chains_the_policy_plans_and_stops_emit_exactly_p()
+
+
+# rows cheap to three, dear after: of the root's four children (draft probabilities 0.5, 0.3, 0.15, 0.05), the two
+# first are worth their rows at the policy's prior, the others not
+BENT = PassCosts({1: 1.0, 2: 1.1, 3: 1.35, 4: 1.6, 65: 30.0}, draft=0.1)
+
+
+def test_trees_the_policy_sizes_by_calibrated_worths_emit_exactly_p():
+    """A tree's nodes kept by their worths: each probability on a node's path is its parent's j-th largest, calibrated
+    by the policy, never the drawn token's own; three siblings of a draft unlike the target emit exactly p."""
+    samples = 3000
+    cfg = SpecConfig(k=1, temperature=1.0, tree_nodes=4)
+    out, _, sizes = first_tokens(ModelDrafter(MarkovLM(AVERSE_Q), width=4, pass_cost=BENT), samples, AVERSE_P, cfg)
+    assert max(sizes) >= 2 and min(sizes) < 4  # siblings judged, and some left out
+    observed = [out.count(t) for t in range(4)]
+    assert chisquare(observed, (AVERSE_P[2] * samples).tolist()).pvalue > 1e-3, observed
+
+
+def test_a_policy_that_prices_a_tree_node_by_its_own_draw_is_caught(monkeypatch):
+    """Planted: each node's worth with its own probability taken as the drawn token's under q (a rule that peeks)."""
+    mutate(monkeypatch, ModelDrafter, "select", ("tree_size([nodes[i].worth for i in order]",
+                                                 "tree_size([nodes[i].worth * float(g.qs[nodes[i].q_row][nodes[i].token])"
+                                                 " / nodes[i].prob for i in order]"))
+    with pytest.raises(AssertionError, match="assert np.float64"):
+        test_trees_the_policy_sizes_by_calibrated_worths_emit_exactly_p()

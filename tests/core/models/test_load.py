@@ -1,4 +1,6 @@
 """Loading pairs from local directories (the same code path as hub ids) and pair invariants."""
+import dataclasses
+
 import pytest
 import torch
 from transformers import Qwen2ForCausalLM
@@ -7,7 +9,7 @@ from specdec_core import SpecConfig, generate, load_pair
 from specdec_core.models import pick_device, pick_dtype
 from specdec_core.models.tiny import tiny_config, tiny_models, tiny_tokenizer
 
-from ...conftest import with_eos
+from ...conftest import FLAT_COSTS, with_eos
 
 
 @pytest.fixture(scope="module")
@@ -77,9 +79,12 @@ def test_the_same_model_as_draft_and_target(model_dirs):
     pair = with_eos(load_pair(str(model_dirs / "target"), str(model_dirs / "target"), device="cpu", dtype="float32",
                               draft_quant=False, target_quant="off"), [])
     assert pair.info.draft_quant == ""
-    out = generate(pair, "hello", SpecConfig(k=4, max_new_tokens=20))
-    assert out.stats.acceptance_rate == 1.0
-    assert out.token_ids == generate(pair, "hello", SpecConfig(k=4, max_new_tokens=20), "autoregressive").token_ids
+    plain = generate(pair, "hello", SpecConfig(k=4, max_new_tokens=20), "autoregressive").token_ids
+    assert generate(pair, "hello", SpecConfig(k=4, max_new_tokens=20)).token_ids == plain  # at its own costs
+    # a draft as dear as the target never pays, so its own costs may give only plain steps: judged free, it drafts
+    out = generate(dataclasses.replace(pair, pass_costs=FLAT_COSTS), "hello", SpecConfig(k=4, max_new_tokens=20))
+    assert out.stats.drafted and out.stats.acceptance_rate == 1.0
+    assert out.token_ids == plain
 
 
 def test_unknown_graphs_mode_is_refused_before_loading():

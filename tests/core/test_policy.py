@@ -1,0 +1,78 @@
+"""The policy (policy.py): how far each round drafts, from the costs and this answer's verdicts."""
+import pytest
+
+from specdec_core.drafters import verdicts
+from specdec_core.drafts import Node
+from specdec_core.policy import DECAY, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, Policy
+from specdec_core.theory import PassCosts
+
+# a draft forward 0.3 of a step, each row of a pass 0.15 of a step more
+LINEAR = PassCosts({1: 1.0, 65: 1.0 + 0.15 * 64}, draft=0.3)
+
+
+def judged(policy: Policy, rate: float, rounds: int = 200) -> Policy:
+    """`rounds` rounds whose first token the target accepted with this rate (deterministically spread)."""
+    for r in range(rounds):
+        policy.learn([(1, 0.6, (r * rate) % 1 + rate >= 1)])
+    return policy
+
+
+def test_the_curve_is_the_expected_tokens_over_the_rounds_cost():
+    policy = Policy(LINEAR)
+    policy.observe(1.0, 1)  # not timed here (no step_ms): the draft's cost stays as given
+    a = PRIOR_ACCEPTANCE  # no verdict yet: every depth at the prior
+    tokens = [1, 1 + a, 1 + a + a * a]
+    assert policy.curve(2) == pytest.approx([tokens[n] / (0.3 * n + 1 + 0.15 * n) for n in range(3)])
+    assert policy.plan(2) == (2, policy.curve(2))
+
+
+def test_drafting_stops_where_acceptance_no_longer_pays_for_the_draft():
+    """At these costs one token pays above an acceptance of 0.45 (1 + a > 1.45); below, every round is plain."""
+    assert judged(Policy(LINEAR), 0.65).plan(8)[0] >= 1
+    low = judged(Policy(LINEAR), 0.3)
+    n, curve = low.plan(8)
+    assert n == 0 and max(curve[1:]) < 1.0 == curve[0]
+    assert Policy(None).plan(8) == (8, [])  # costs not measured: as far as asked
+
+
+def test_verdicts_fade_so_that_the_latest_weigh_most():
+    policy = Policy(LINEAR)
+    policy.learn([(1, 0.9, True), (2, 0.9, False)])
+    policy.learn([])
+    assert policy.by_depth.judged[1] == pytest.approx(DECAY)
+    first = (DECAY + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / (DECAY + PRIOR_WEIGHT)
+    assert policy.forecast(1) == pytest.approx(first)
+    # a depth with few verdicts leans on the depth above: one rejection at depth 2, none judged at depth 3
+    assert policy.forecast(2) == pytest.approx(PRIOR_WEIGHT * first / (DECAY + PRIOR_WEIGHT))
+    assert policy.forecast(3) == policy.forecast(2)
+    # a calibrated probability: tokens drafted at 0.9 and accepted half the time are worth about a half
+    for r in range(40):
+        policy.learn([(1, 0.9, r % 2 == 0)])
+    assert policy.worth(0.9) == pytest.approx(0.5, abs=0.05) and policy.worth(0.2) == pytest.approx(0.15)
+
+
+def test_the_chain_goes_on_while_the_next_token_raises_tokens_per_unit_time():
+    policy = Policy(LINEAR)  # next token forecast at 0.8 of the last one's worth
+    # after one token worth 0.9: 1.9 / 1.45 = 1.31 now, (1.9 + 0.72) / 1.9 = 1.38 with one more
+    assert policy.go_on([0.9], 1)
+    # after one worth 0.3: 1.3 / 1.45 = 0.90 now, (1.3 + 0.24) / 1.9 = 0.81 with one more
+    assert not policy.go_on([0.3], 1)
+    assert policy.gain([0.9], 1) == pytest.approx(1.9 / 1.45)
+
+
+def test_the_draft_cost_follows_what_its_rounds_measure():
+    """Where the target's step was timed (20 ms here), each round's draft time moves the cost a fifth of the way."""
+    policy = Policy(PassCosts(LINEAR.sizes, draft=0.3, step_ms=20.0))
+    policy.observe(0.024, 2)  # 12 ms a forward: 0.6 of a step
+    assert policy.draft == pytest.approx(0.3 + 0.2 * (0.6 - 0.3))
+    assert policy.cost(1, 0) == pytest.approx(policy.draft + 1.0)
+
+
+def test_a_rounds_verdicts_are_read_from_the_tokens_it_committed():
+    """A tree: the root's children 5 (first) and 6; 5's child 7. The target took 6 (so 5 was rejected), then its own."""
+    node = lambda token, parent, prob, sibling: Node(token, parent, prob, 0, sibling, sibling == 0, prob, prob)
+    nodes = [node(5, -1, 0.7, 0), node(6, -1, 0.2, 1), node(7, 0, 0.9, 0)]
+    assert verdicts(10, nodes, [0] * 10 + [6, 3]) == [(1, 0.7, False)]  # 6 was judged after 5: not counted
+    assert verdicts(10, nodes, [0] * 10 + [5, 7, 1]) == [(1, 0.7, True), (2, 0.9, True)]
+    assert verdicts(10, nodes, [0] * 10 + [5, 2]) == [(1, 0.7, True), (2, 0.9, False)]
+    assert verdicts(10, [], [0] * 10 + [4]) == []  # a plain step

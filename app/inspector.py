@@ -83,9 +83,16 @@ def decision_figure(e: RoundEvent, i: int, label, lang: str = "en") -> go.Figure
     return fig
 
 
-def theory_figure(ar_stats, spec_stats, k: int, lang: str = "en") -> go.Figure:
-    """Predicted speedup against K from this run's a, c and verify cost, with the measured point(s)."""
+def theory_figure(ar_stats, spec_stats, k: int, lang: str = "en", policy: RoundEvent | None = None) -> go.Figure:
+    """Predicted speedup against K from this run's a, c and verify cost, with the measured point(s); and the curve the
+    policy chose the last round's draft length from (`policy`: that round), with its choice on it."""
     fig = _fig(t("f_theory", lang), xaxis_title=t("f_k", lang), yaxis_title=t("f_speedup", lang))
+    if policy is not None and policy.curve:
+        n = max(range(len(policy.curve)), key=lambda j: (policy.curve[j], -j))
+        fig.add_scatter(x=list(range(len(policy.curve))), y=policy.curve, name=t("f_policy", lang, r=policy.round,
+                        a=spec_stats.acceptance_rate if spec_stats else 0.0), line=dict(color="#009e73"))
+        fig.add_scatter(x=[n], y=[policy.curve[n]], mode="markers", name=t("f_policy_choice", lang, n=n),
+                        marker=dict(size=12, color="#009e73", symbol="star"))
     if not ar_stats or not spec_stats or not spec_stats.drafted:
         return fig
     a, c, v = measured_costs(ar_stats, spec_stats)

@@ -81,6 +81,7 @@ def summary_html(ar: Stats | None, spec: Stats | None, identical: bool | None, r
     parts = [f"<b>{t('speedup', lang)} {speedup:.2f}×</b>",
              t("vs_tokens", lang, a=spec.tokens_per_s, b=ar.tokens_per_s),
              t("acceptance", lang, a=spec.acceptance_rate),
+             *([t("plain_steps", lang, n=spec.plain_steps, r=spec.rounds)] if spec.plain_steps else []),
              t("per_round", lang, m=spec.mean_accepted_length, t=spec.tokens_per_round)]
     # a long prompt read by both models can outweigh what drafting gains: then decoding's own speedup too
     if max(s.prefill_s / s.seconds if s.seconds else 0.0 for s in (ar, spec)) > PROMPT_SHARE \

@@ -67,11 +67,20 @@ def round_pieces(e: RoundEvent, text, label, lang: str, tail: str = "") -> list[
         node = i
         while (node := next((j for j, parent in enumerate(e.parents) if parent == node), None)) is not None:
             out.append(Piece(visible(label(e.drafted[node])), "discarded", t("tip_discarded", lang), e.round, node + 1))
-    kind = e.token_kind if e.method == "speculative" else "target"
+    kind = e.token_kind if e.method == "speculative" and e.drafted else "target"
     # a replacement is explained by the last rejection, whose residual it was drawn from; a bonus at the end
     pos = 0 if kind == "target" else rejected[-1] + 1 if rejected else len(e.drafted) + 1
-    out.append(Piece(next(text), kind, t(TIPS[kind], lang, p=e.p_token), e.round, pos))
+    out.append(Piece(next(text), kind, t(TIPS[kind], lang, p=e.p_token) + policy_tip(e, lang), e.round, pos))
     return out + ending(e, out, lang, tail)
+
+
+def policy_tip(e: RoundEvent, lang: str) -> str:
+    """What the draft model's policy chose for the round, and why (nothing for a drafter without one)."""
+    if e.method != "speculative" or not e.curve:
+        return ""
+    if not e.drafted:  # a plain step: no room left to draft, or drafting was expected to bring less than 1.00x
+        return "\n" + (t("tip_plain_step", lang, g=e.gain) if e.k else t("tip_last_step", lang))
+    return "\n" + t("tip_policy", lang, r=e.round, n=len(e.drafted), g=e.gain)
 
 
 def rejected_at_end(e: RoundEvent) -> list[int]:

@@ -45,13 +45,17 @@ def theory(race, lang="en"):
         return plots._fig(t("f_theory_empty", lang))
     if race.cfg.tree_nodes:
         return tree_theory_figure(race.spec.events, lang)
-    return theory_figure(race.plain.stats, race.spec.stats, race.cfg.k, lang)
+    policy = next((e for e in reversed(race.spec.events) if e.curve), None)
+    return theory_figure(race.plain.stats, race.spec.stats, race.cfg.k, lang, policy)
 
 
 def caption(e, lang="en") -> str:
+    if not e.drafted and e.curve and e.k:  # the policy's plain step, and why
+        return t("caption_plain", lang, r=e.round, g=e.gain)
     # where guesses (or a tree's levels) spared the draft some steps, say how many it took
     steps = t("caption_steps", lang, s=e.draft_steps) if 0 < e.draft_steps < len(e.drafted) else ""
-    words = t("caption", lang, r=e.round, d=len(e.drafted), steps=steps, a=e.accepted)
+    gain = t("caption_gain", lang, g=e.gain) if e.gain else ""
+    words = t("caption", lang, r=e.round, d=len(e.drafted), steps=steps, gain=gain, a=e.accepted)
     if e.token_kind == "replacement":
         n = e.accepted + 1
         nth = f"{n}º" if code(lang) == "pt" else {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")

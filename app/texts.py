@@ -44,11 +44,12 @@ so every token has the target's own distribution (greedy: keep a draft token onl
 
 **Why it is faster.** One target pass scores all K drafts at once, and on memory-bound hardware a pass over
 K+1 tokens costs little more than over one. With acceptance rate a, a round yields (1 − a^(K+1)) / (1 − a)
-tokens for the price of K draft steps and one target pass. By default a draft also stops early, once the draft's
-own confidence that all of it is right (the product of its top probabilities) falls below a threshold: it drafts
-long where it is sure and short where it is not, so K is the most it drafts. Where the target has accepted less of
-this answer's drafts than the draft expected (a language it knows less, a sampled chat), that confidence is
-discounted by the ratio, and drafts stop sooner. Where the text repeats two or three
+tokens for the price of K draft steps and one target pass. So each round drafts only as far as that pays: from the
+timed costs and the acceptance this answer has met so far, the app forecasts the speedup of drafting 0, 1, … K tokens
+(the theory panel draws that curve), and within the round the draft goes on while its next token, at the draft's own
+confidence as this answer's verdicts calibrate it, brings more than it costs. Where drafting would not pay (a language
+the draft knows less, a sampled chat), a round is a plain step, shown as one, and the race is never slower than
+plain decoding by much more than the cost of finding that out. Where the text repeats two or three
 tokens seen before, a draft step also checks the tokens that followed them there, in the same forward: each one
 the draft then draws costs it no step of its own.
 
@@ -66,11 +67,13 @@ cada token tem a distribuição do próprio alvo (no modo guloso: mantém o rasc
 
 **Por que é mais rápido.** Uma passada do alvo avalia os K rascunhos de uma vez e, em hardware limitado por
 memória, uma passada sobre K+1 tokens custa pouco mais que sobre um. Com taxa de aceitação a, cada rodada rende
-(1 − a^(K+1)) / (1 − a) tokens pelo preço de K passos do rascunho e uma passada do alvo. Por padrão o rascunho
-também para antes, quando a confiança do próprio rascunho de que tudo está certo (o produto das suas maiores
-probabilidades) cai abaixo de um limiar: rascunha muito onde tem certeza e pouco onde não tem; K é o máximo.
-Onde o alvo aceitou menos dos rascunhos desta resposta do que o rascunho esperava (uma língua que ele conhece
-menos, uma conversa amostrada), essa confiança é descontada por essa razão, e os rascunhos param antes.
+(1 − a^(K+1)) / (1 − a) tokens pelo preço de K passos do rascunho e uma passada do alvo. Por isso cada rodada
+rascunha só até onde isso compensa: a partir dos custos medidos e da aceitação que esta resposta teve até aqui, o app
+prevê a aceleração de rascunhar 0, 1, … K tokens (o painel de teoria desenha essa curva), e dentro da rodada o
+rascunho continua enquanto o próximo token, com a confiança do próprio rascunho calibrada pelos vereditos desta
+resposta, traz mais do que custa. Onde rascunhar não compensaria (uma língua que o rascunho conhece menos, uma
+conversa amostrada), a rodada é um passo comum, mostrado como tal, e a corrida nunca fica mais lenta que a
+decodificação comum muito além do custo de descobrir isso.
 Onde o texto repete dois ou três tokens já vistos, um passo do rascunho também confere, na mesma passada, os
 tokens que vieram depois deles: cada um que o rascunho então sorteia não lhe custa um passo próprio.
 
@@ -111,13 +114,14 @@ mostra o primeiro token em que as saídas se separam e o logit do alvo para cada
                      "busca de n-gramas no prompt (sem modelo) · primeiras camadas do alvo"),
     "adaptive": ("Adaptive K (grow after full acceptance, shrink after a rejection)",
                  "K adaptativo (cresce após aceitação total, diminui após uma rejeição)"),
-    "confidence": ("Cut a draft when the draft's confidence in it falls below",
-                   "Cortar o rascunho quando a confiança do rascunho nele cair abaixo de"),
-    "confidence_info": ("confidence = the product of its top probabilities so far, discounted where this answer's drafts "
-                        "were accepted less than that; 0 = always draft K tokens (a GPU always does, and verifies them all)",
-                        "confiança = o produto das suas maiores probabilidades até aqui, descontado onde os rascunhos "
-                        "desta resposta foram aceitos menos do que isso; 0 = sempre rascunhar K tokens (uma GPU sempre "
-                        "rascunha K, e verifica todos)"),
+    "confidence": ("Also cut a draft when the draft's confidence in it falls below",
+                   "Cortar também o rascunho quando a confiança do rascunho nele cair abaixo de"),
+    "confidence_info": ("confidence = the product of its top probabilities so far; 0 = off. Either way each round drafts "
+                        "only as far as the measured costs and this answer's acceptance say it pays, none at all where "
+                        "it would not (a plain step)",
+                        "confiança = o produto das suas maiores probabilidades até aqui; 0 = desligado. De todo modo, "
+                        "cada rodada rascunha só até onde os custos medidos e a aceitação desta resposta dizem que "
+                        "compensa, e nada onde não compensaria (um passo comum)"),
     "generate": ("Generate", "Gerar"),
     "stop": ("Stop", "Parar"),
     "plain_title": ("Plain decoding (target only)", "Decodificação comum (só o alvo)"),
@@ -168,6 +172,8 @@ mostra o primeiro token em que as saídas se separam e o logit do alvo para cada
     "speedup": ("Speedup", "Aceleração"),
     "vs_tokens": ("{a:.1f} vs {b:.1f} tokens/s", "{a:.1f} vs {b:.1f} tokens/s"),
     "acceptance": ("acceptance rate {a:.0%}", "taxa de aceitação {a:.0%}"),
+    "plain_steps": ("{n} of {r} rounds plain steps, where drafting would not pay",
+                    "{n} de {r} rodadas foram passos comuns, onde rascunhar não compensaria"),
     "per_round": ("{m:.2f} draft tokens accepted per round ({t:.2f} tokens per target pass)",
                   "{m:.2f} tokens rascunhados aceitos por rodada ({t:.2f} tokens por passada do alvo)"),
     "after_prompt": ("decoding alone {d:.2f}×, after reading the prompt ({a:.1f} s with both models, {b:.1f} s plain)",
@@ -215,8 +221,13 @@ mostra o primeiro token em que as saídas se separam e o logit do alvo para cada
                   "as saídas se separam no token {n}: a decodificação comum escolheu {a} (logit {la:.3f}), a especulativa "
                   "{b} (logit {lb:.3f}), um quase-empate que este alvo calcula de outro modo num passo de um token e numa "
                   "passada de verificação"),
-    "caption": ("Round {r}: drafted {d}{steps}, the target agreed with {a}",
-                "Rodada {r}: rascunhou {d}{steps}, o alvo concordou com {a}"),
+    "caption": ("Round {r}: drafted {d}{steps}{gain}, the target agreed with {a}",
+                "Rodada {r}: rascunhou {d}{steps}{gain}, o alvo concordou com {a}"),
+    "caption_gain": (" (the policy expected {g:.2f}× from it)", " (a política esperava {g:.2f}× disso)"),
+    "caption_plain": ("Round {r}: a plain step. At this answer's acceptance so far, drafting would not pay (expected "
+                      "{g:.2f}× plain decoding's speed), so the target took one step alone.",
+                      "Rodada {r}: um passo comum. Com a aceitação desta resposta até aqui, rascunhar não compensaria "
+                      "(esperado {g:.2f}× a velocidade da decodificação comum), então o alvo deu um passo sozinho."),
     "caption_steps": (" in {s} draft steps", " em {s} passos do rascunho"),
     "caption_replaced": (", replaced the {nth}", ", substituiu o {nth}"),
     "caption_bonus": (", and added a bonus token", " e acrescentou um token bônus"),
@@ -239,6 +250,14 @@ mostra o primeiro token em que as saídas se separam e o logit do alvo para cada
     "tip_bonus": ("all drafts accepted: the verification pass gives this token for free\np = {p:.3f}",
                   "todos os rascunhos aceitos: a passada de verificação dá este token de graça\np = {p:.3f}"),
     "tip_target": ("one target step\np = {p:.3f}", "um passo do alvo\np = {p:.3f}"),
+    "tip_plain_step": ("a plain step: at this answer's acceptance so far, drafting would not pay (expected {g:.2f}× "
+                       "plain decoding's speed; a plain step is 1.00×)",
+                       "um passo comum: com a aceitação desta resposta até aqui, rascunhar não compensaria (esperado "
+                       "{g:.2f}× a velocidade da decodificação comum; um passo comum é 1.00×)"),
+    "tip_last_step": ("a plain step: the last token before the length cap, so nothing to draft",
+                      "um passo comum: o último token antes do limite de tamanho, então nada a rascunhar"),
+    "tip_policy": ("round {r}: the policy drafted {n}, expecting {g:.2f}× plain decoding's tokens per second",
+                   "rodada {r}: a política rascunhou {n}, esperando {g:.2f}× os tokens por segundo da decodificação comum"),
     "end_eos": ("end", "fim"),
     "end_length": ("max tokens", "máx. de tokens"),
     "tip_eos": ("the model ended its answer (EOS)", "o modelo encerrou a resposta (EOS)"),

@@ -88,11 +88,12 @@ def checked(e: RoundEvent) -> RoundEvent:
     n = len(e.drafted)
     rows = e.target_top + e.draft_top + [e.residual_top or []]
     times = (e.elapsed_s, e.prefill_s, e.draft_s, e.verify_s, e.overhead_s)
-    probs = (*e.p_drafted, *e.q_drafted, *e.accept_probs, *e.uniforms, e.p_token, e.expected,
+    probs = (*e.p_drafted, *e.q_drafted, *e.accept_probs, *e.uniforms, e.p_token, e.expected, *e.curve, e.gain,
              *(p for row in rows for _, p in row))
     integers = (*e.drafted, *e.committed, *e.parents, *e.path, e.token, e.round, e.k, e.accepted, e.n_generated,
                 e.draft_steps, *(t for row in rows for t, _ in row))
     if (n > max(MAX_K, MAX_TREE_NODES) or len(e.committed) > n + 1 or len(e.parents) != n or len(e.path) > n
+            or len(e.curve) > MAX_K + 1
             or len(rows) > 2 * MAX_TOP or any(len(row) > MAX_TOP for row in rows)
             or not all(type(t) is int and 0 <= t < 2**40 or t == -1 for t in integers)
             or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0

@@ -59,6 +59,7 @@ class ModelDrafter:
         self.fed: Fed | None = None  # the drafted nodes fed to the cache in the last round
         self.forwards = 1  # draft forwards the last tree took: this round's sizing must not depend on its own draws
         self.guessed = 0  # nodes, over all drafts, whose distribution came with a guess (no forward of their own)
+        self.first_at = 0.0  # when the last draft's first token was drawn (its forward, its sampling, its read)
         self.judging: tuple[int, list[Node]] | None = None  # the last draft's start and nodes, judged at commit
 
     def start(self, ids):
@@ -90,18 +91,19 @@ class ModelDrafter:
         Where a level feeds the chain's node alone, its forward carries up to cfg.guess guesses of the nodes below
         it (`feed`).
         """
-        n, curve = self.policy.plan(k)
-        if not n:  # drafting does not pay: a plain step, with no draft forward
-            return Draft(torch.empty(0, dtype=torch.long, device=self.lm.device), None, curve=curve,
-                         gain=curve[0] if curve else 0.0)
         width = min(self.width, self.lm.vocab) if cfg.tree_nodes else 1
-        if self.cut_on_device and width == 1:
+        on_device = self.cut_on_device and width == 1
+        n, curve, value = self.policy.plan(k, reads=not on_device)
+        if not n:  # drafting does not pay: a plain step, with no draft forward
+            return Draft(torch.empty(0, dtype=torch.long, device=self.lm.device), None, curve=curve, gain=value)
+        if on_device:  # the curve's length, its expected gain
             draft = self.device_chain(ids, n, cfg, generator)
+            draft.gain = value
         else:  # read on the host level by level: its time is known without a wait, and the policy learns it where
             t0, behind = time.perf_counter(), len(ids) - self.lm.length  # the draft caught up as after a drafted round
             draft = self.grow(ids, k, width, cfg, generator)
             if behind <= 2:
-                self.policy.observe(time.perf_counter() - t0, draft.steps)
+                self.policy.observe(self.first_at - t0, time.perf_counter() - self.first_at, draft.steps, len(draft))
         draft.curve = curve
         return draft
 
@@ -123,8 +125,7 @@ class ModelDrafter:
             if depth + 1 < k:
                 logits = self.lm.forward(picks[0], keep=1)
         return Draft(torch.cat(chosen), None if cfg.greedy else torch.stack(g.qs),
-                     torch.stack(g.raw) if cfg.record_top else None, torch.stack(g.failed).any(), steps=len(chosen),
-                     gain=self.policy.gain(self.policy.forecast_worths(k), k))
+                     torch.stack(g.raw) if cfg.record_top else None, torch.stack(g.failed).any(), steps=len(chosen))
 
     def grow(self, ids, k, width, cfg, generator) -> Draft:
         """A chain (with its guesses; width 1) or a tree, a level a forward, each level read on the host."""
@@ -134,14 +135,16 @@ class ModelDrafter:
         g, frontier, forwards, worths = Grown(), [-1], 1, []
         for depth in range(k):
             level = g.add_level(frontier, *self.draw(g, logits, width, cfg, generator), self.policy.worth)
+            self.first_at = time.perf_counter() if not depth else self.first_at  # the first token's cost ends here
             chain_node = next(i for i in level if g.nodes[i].chain)
             worths.append(g.nodes[chain_node].worth)
-            if (depth + 1 >= min(k, limit) or g.nodes[chain_node].rank < cfg.min_confidence
-                    or not self.policy.go_on(worths, forwards)):
-                break
             frontier = self.next_frontier(g, level, chain_node, cfg)
+            guessed = bool(pending) and frontier == [chain_node] and pending[0][0] == g.nodes[chain_node].token
+            if (depth + 1 >= min(k, limit) or g.nodes[chain_node].rank < cfg.min_confidence
+                    or not self.policy.go_on(worths, guessed)):
+                break
             path.append(g.nodes[chain_node].token)
-            if pending and frontier == [chain_node] and pending[0][0] == path[-1]:  # guessed: already fed
+            if guessed:  # the next level's distribution came with the last forward: no forward of its own
                 logits = pending.pop(0)[1][None]
                 g.fed.append(chain_node)
                 self.guessed += 1
@@ -154,7 +157,7 @@ class ModelDrafter:
             logits, pending = self.feed([g.nodes[i].token for i in frontier], len(frontier), ids, path, more, tree)
             g.fed += frontier
             forwards += 1
-        draft = self.select(g, start, limit, cfg, forwards)
+        draft = self.select(g, start, limit, cfg)
         self.forwards = draft.steps = forwards
         return draft
 
@@ -180,9 +183,9 @@ class ModelDrafter:
         logits = self.lm.forward(upload(tokens + guesses, self.lm.device), keep=rows + len(guesses), tree=tree)
         return logits[:rows], list(zip(guesses, logits[rows:]))
 
-    def select(self, g: Grown, start: int, limit: int, cfg, forwards: int) -> Draft:
+    def select(self, g: Grown, start: int, limit: int, cfg) -> Draft:
         """The nodes worth their rows in the target's pass (a chain: every node), as a draft, with the policy's
-        expected gain for its `forwards`; the fed ones are remembered for commit, the kept ones for their verdicts."""
+        expected gain; the fed ones are remembered for commit, the kept ones for their verdicts."""
         nodes = g.nodes
         # the chain first, then the others best first: every prefix is a tree (parents, earlier siblings come first)
         order = sorted(range(len(nodes)), key=lambda i: (not nodes[i].chain, -nodes[i].rank, i))[:limit]
@@ -193,7 +196,7 @@ class ModelDrafter:
         renumber = {old: new for new, old in enumerate(keep)}
         self.judging = (start, [nodes[i]._replace(parent=renumber.get(nodes[i].parent, -1)) for i in keep])
         tokens, expected = [nodes[i].token for i in keep], sum(nodes[i].rank for i in keep)
-        gain = self.policy.gain([nodes[i].worth for i in keep], forwards)
+        gain = self.policy.gain([nodes[i].worth for i in keep])
         if not keep:  # no node pays for its row: a plain step
             return Draft(torch.empty(0, dtype=torch.long, device=self.lm.device), None, gain=gain)
         q = None

@@ -58,7 +58,7 @@ class RoundEvent:
     expected: float = 0.0  # the tokens the draft expected the target to accept (the sum of its path probabilities)
     draft_steps: int = 0  # the draft model's forwards this round (0: a drafter without a model, or a trace before them)
     # the draft model's policy (policy.py): before the round, the expected speedup of drafting n = 0..k tokens, as
-    # forecast from this answer's acceptance; and that of the round as it drafted (a plain step's: curve[0])
+    # forecast from this answer's acceptance; and that of the round as it drafted (a plain step's: of drafting)
     curve: list[float] = field(default_factory=list)
     gain: float = 0.0
 
@@ -116,6 +116,7 @@ class Stats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     overhead_s: float = 0.0
+    plain_steps: int = 0  # speculative rounds that drafted nothing: the policy judged that drafting would not pay
     finish_reason: str | None = None
 
     def to_dict(self) -> dict:
@@ -140,6 +141,7 @@ def summarize(events: list[RoundEvent]) -> Stats:
         s.draft_s += e.draft_s
         s.verify_s += e.verify_s
         s.overhead_s += e.overhead_s
+        s.plain_steps += e.method == "speculative" and e.k > 0 and not e.drafted and bool(e.curve)
     s.rounds = len(events)
     s.seconds = events[-1].elapsed_s
     s.tokens_per_s = s.tokens / s.seconds if s.seconds > 0 else 0.0

@@ -1,34 +1,42 @@
 """How far a round drafts: each round drafts only as far as the measured costs say it pays, 0 included.
 
-A round that drafts n tokens costs its draft forwards (c each, relative to a target step) and a target pass of
-n + 1 tokens (`PassCosts.verify`), and brings 1 + the sum, over its tokens, of the chance that the target accepts
-every token up to that one. Plain decoding brings 1 token for 1 step. The policy learns the chances from this
-answer's own verdicts, weighted toward the latest (`Verdicts`):
-  - before a round, by depth (the chance the d-th token is accepted once the ones before it were): the forecast
-    `curve`, expected tokens per unit time of drafting n = 0..k, and its best n; n = 0 is a plain step, with no draft
-    forward at all;
-  - the draft forward's cost as this answer's rounds measure it (its sampling and reads included), the passes' as
-    timed (timing.tree_costs);
-  - within a round, each drawn token's own draft probability, calibrated by the verdicts on tokens drafted with
-    like probabilities (`worth`): the draft goes on while the next token's forecast worth raises the round's
-    expected tokens per unit time (`go_on`), and a token tree keeps its nodes by the same rule (theory.tree_size).
-It reads only the verdicts of earlier rounds and what the draft has drawn so far, never this round's verification:
-so what it drafts is a function of the draft's own draws, as exact verification needs (verify.py).
+A round that drafts n tokens costs the draft's forwards (relative to a target step) and a target pass of n + 1 tokens (`PassCosts.verify`), and brings 1 + the sum, over its tokens, of the chance that the target accepts
+every token up to that one (its worth). Plain decoding brings 1 token for 1 step. The policy learns from this answer's
+own rounds, weighted toward the latest:
+  - the chance that the d-th drafted token is accepted once the ones before it were (`forecast`, by depth): the
+    `curve` of expected tokens per unit time of drafting n = 0..k, forecast before the round;
+  - the chance that a token drawn at a given draft probability is accepted (`worth`: that probability calibrated by
+    the verdicts on tokens drawn at like probabilities);
+  - the draft's costs, from the time its rounds take (sampling and reads included): its first token, each forward
+    after it, and how often a later token came with a guess, with no forward of its own; the passes' costs as timed
+    (timing.tree_costs).
+Within a round the draft goes on while drafting more, at the forecast worths, raises the round's expected tokens per
+unit time (`go_on`). Before it, a drafter that reads each token as it is drawn (a CPU's) drafts where such a round
+pays on average, its first token as probable as the latest first tokens were (`plan`): where it does not, the round
+is a plain step, with no draft forward at all. A drafter that reads nothing between its forwards (a GPU's chain)
+drafts the curve's best length. A token tree keeps its nodes by their worths, by the same rule (theory.tree_size).
+The policy reads only the verdicts of earlier rounds and what the draft has drawn so far, never this round's
+verification: what it drafts is a function of the draft's own draws, as exact verification needs (verify.py).
 """
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import defaultdict
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 
+from .config import MAX_TREE_NODES
 from .theory import PassCosts
 
 DECAY = 0.95  # each round, every earlier verdict counts this much less: an answer's text changes as it goes
 PRIOR_WEIGHT = 2.0  # verdicts' worth of belief before any: the draft's own probability, or the depth above's rate
 PRIOR_ACCEPTANCE = 0.8
-DRAFT_WEIGHT = 0.2  # how far each round's measured draft cost moves the one the policy uses
+DRAFT_WEIGHT = 0.2  # how far each round's measured draft costs move those the policy uses
 EDGES = (0.3, 0.5, 0.7, 0.85, 0.95)  # a token's draft probability, binned for calibration
 MIDDLES = (0.15, 0.4, 0.6, 0.78, 0.9, 0.98)  # each bin's prior: what the draft itself believes
+FIRSTS, FIRSTS_NEEDED = 32, 4  # the latest first tokens' probabilities that price a round before its first draw
+EXPLORE = 0.02  # after plain steps, a round drafts again once their count times this reaches what drafting was
+# expected to lose: a probe costs about that shortfall, so probing keeps the loss near this share of a step, and the
+# verdicts it brings let drafting come back where the text has changed
 
 
 @dataclass
@@ -56,67 +64,105 @@ class Policy:
     def __init__(self, costs: PassCosts | None):
         self.costs = costs if costs is not None and len(costs.sizes) >= 2 else None
         self.by_depth, self.by_probability = Verdicts(), Verdicts()
-        self.draft = costs.draft if costs is not None else 0.0  # a draft forward, in target steps, as last measured
+        self.firsts: deque[float] = deque(maxlen=FIRSTS)  # the draft probabilities of the latest first tokens
+        # a draft's costs in target steps, as measured: its first token (the forward that takes the committed tokens,
+        # the draw, the read), each forward after it, and the share of later tokens that came without a forward
+        self.first = self.next = costs.draft if costs is not None else 0.0
+        self.guessing = 0.0
+        self.verify = [self.costs.verify(n) for n in range(MAX_TREE_NODES + 2)] if self.costs else []  # n tokens
+        self.plain_run = 0  # plain steps since the last round that drafted
 
-    def observe(self, seconds: float, forwards: int) -> None:
-        """A round's draft took `seconds` for `forwards` forwards, all included (the tokens it caught up on, its
-        sampling, its reads): the cost of a forward moves toward what they cost, where the target's step was timed."""
-        if self.costs is not None and self.costs.step_ms > 0 and forwards:
-            self.draft += DRAFT_WEIGHT * (seconds * 1000 / forwards / self.costs.step_ms - self.draft)
+    def observe(self, first_s: float, rest_s: float, forwards: int, tokens: int) -> None:
+        """A round's draft took `first_s` to its first token and `rest_s` for the rest, in `forwards` forwards for
+        `tokens` tokens, all included (sampling, reads): the costs move toward these, where the target's step was
+        timed."""
+        if self.costs is None or not self.costs.step_ms or not tokens:
+            return
+        step = self.costs.step_ms / 1000
+        self.first += DRAFT_WEIGHT * (first_s / step - self.first)
+        if forwards > 1:
+            self.next += DRAFT_WEIGHT * (rest_s / (forwards - 1) / step - self.next)
+        if tokens > 1:
+            self.guessing += DRAFT_WEIGHT * (1 - (forwards - 1) / (tokens - 1) - self.guessing)
 
-    def forecast(self, depth: int) -> float:
-        """The chance the target accepts the depth-th drafted token once it accepted those before it: measured at
-        that depth, and where few were judged there, the depth above's (the first depth's: PRIOR_ACCEPTANCE)."""
-        rate = PRIOR_ACCEPTANCE
+    def forecasts(self, depth: int) -> list[float]:
+        """The chance that the target accepts the d-th drafted token once it accepted those before it, d = 1..depth:
+        measured at that depth, and where few were judged there, the depth above's (the first's: PRIOR_ACCEPTANCE)."""
+        out, rate = [], PRIOR_ACCEPTANCE
         for d in range(1, depth + 1):
             rate = self.by_depth.rate(d, rate)
-        return rate
+            out.append(rate)
+        return out
 
     def worth(self, probability: float) -> float:
         """The chance the target accepts a token the draft gave this probability, as this answer's verdicts say."""
         b = bisect_right(EDGES, probability)
         return self.by_probability.rate(b, MIDDLES[b])
 
-    def cost(self, forwards: float, n: int) -> float:
-        """A round of `forwards` draft forwards and n drafted tokens, in target steps."""
-        return forwards * self.draft + self.costs.verify(n + 1)
+    def cost(self, n: int, free: int = 0) -> float:
+        """A round of n drafted tokens, in target steps: the first token, and each later one a forward unless it came
+        with a guess (as often as they have lately); `free` of them known to need none."""
+        later = (n - 1 - free) * self.next * (1 - self.guessing) if n else 0.0
+        return (self.first if n else 0.0) + later + self.verify[n + 1]
 
-    def forecast_worths(self, n: int) -> list[float]:
-        """The chance, before the round, that the target accepts each of n drafted tokens and all before it."""
-        out, path = [], 1.0
-        for depth in range(1, n + 1):
-            path *= self.forecast(depth)
-            out.append(path)
-        return out
-
-    def curve(self, k: int) -> list[float]:
-        """Expected tokens per unit time, relative to plain decoding, of drafting n = 0..k tokens (one forward each),
-        as forecast before the round."""
-        if self.costs is None:
-            return []
-        worths = self.forecast_worths(k)
-        return [self.gain(worths[:n], n) for n in range(k + 1)]
-
-    def plan(self, k: int) -> tuple[int, list[float]]:
-        """How many tokens this round may draft (0: a plain step; the first best on the curve), and the curve."""
-        curve = self.curve(k)
-        return (max(range(len(curve)), key=lambda n: (curve[n], -n)), curve) if curve else (k, curve)
-
-    def go_on(self, worths: list[float], forwards: int) -> bool:
-        """Whether to draw one more token after a round's tokens so far, whose path worths (the chance the target
-        accepts each one and all before it) are `worths`: yes where its forecast worth raises the expected tokens
-        per unit time, counting one more draft forward and one more row in the pass."""
-        if self.costs is None:
-            return True
-        tokens, n = 1.0 + sum(worths), len(worths)
-        more = worths[-1] * self.forecast(n + 1)
-        return (tokens + more) / self.cost(forwards + 1, n + 1) > tokens / self.cost(forwards, n)
-
-    def gain(self, worths: list[float], forwards: int) -> float:
-        """The round's expected tokens per unit time, as drafted, relative to plain decoding."""
+    def gain(self, worths: list[float]) -> float:
+        """A round's expected tokens per unit time, relative to plain decoding, for drafted tokens of these worths."""
         if self.costs is None:
             return 0.0
-        return (1.0 + sum(worths)) / self.cost(forwards, len(worths)) * self.cost(0, 0)
+        return (1.0 + sum(worths)) / self.cost(len(worths)) * self.cost(0)
+
+    def curve(self, k: int) -> list[float]:
+        """Expected tokens per unit time, relative to plain decoding, of drafting n = 0..k tokens, as forecast
+        before the round."""
+        if self.costs is None:
+            return []
+        worths, path = [], 1.0
+        for rate in self.forecasts(k):
+            path *= rate
+            worths.append(path)
+        return [self.gain(worths[:n]) for n in range(k + 1)]
+
+    def go_on(self, worths: list[float], guessed: bool = False, rates: list[float] | None = None) -> bool:
+        """Whether to draw one more token after a round's tokens so far, whose worths are `worths`: yes where its
+        forecast worth raises the expected tokens per unit time, for a row in the pass and a token's draft cost (none
+        where the draft drew the token its last forward had guessed: `guessed`). The costs are convex and the worths
+        fall, so the first token that does not pay ends the round's best. `rates`: the forecasts, if known."""
+        if self.costs is None:
+            return True
+        n, tokens = len(worths), 1.0 + sum(worths)
+        more = worths[-1] * (rates[n] if rates else self.forecasts(n + 1)[n])
+        return (tokens + more) / self.cost(n + 1, int(guessed)) > tokens / self.cost(n)
+
+    def drafting(self, k: int) -> float:
+        """The expected tokens per unit time, relative to plain decoding, of a round that drafts and goes on by
+        `go_on`, its first token as probable as one of the latest first tokens, each one after at the forecast."""
+        rates, tokens, cost = self.forecasts(k), 0.0, 0.0
+        for b, count in Counter(bisect_right(EDGES, p) for p in self.firsts).items():
+            worths = [self.by_probability.rate(b, MIDDLES[b])]
+            while len(worths) < k and self.go_on(worths, rates=rates):
+                worths.append(worths[-1] * rates[len(worths)])
+            tokens += count * (1.0 + sum(worths))
+            cost += count * self.cost(len(worths))
+        return tokens / cost * self.cost(0)
+
+    def plan(self, k: int, reads: bool = True) -> tuple[int, list[float], float]:
+        """Before a round: how many tokens it may draft (0: a plain step), the curve, and what drafting is expected
+        to bring (for a plain step, what it would have). With `reads` and enough first tokens seen, a round that
+        drafts may go to k (go_on stops it); else it drafts the curve's first best length. Where drafting is expected
+        to bring less than a plain step, the round is one, unless enough plain steps came before (EXPLORE)."""
+        curve = self.curve(k)
+        if not curve or not k:
+            return (k, curve, 0.0) if not curve else (0, curve, 0.0)
+        if reads and len(self.firsts) >= FIRSTS_NEEDED:
+            n, value = k, self.drafting(k)
+        else:
+            n = max(range(1, k + 1), key=lambda j: (curve[j], -j))
+            value = curve[n]
+        if value <= curve[0] and self.plain_run * EXPLORE < curve[0] - value:
+            self.plain_run += 1
+            return 0, curve, value
+        self.plain_run = 0
+        return n, curve, value
 
     def learn(self, verdicts: list[tuple[int, float, bool]]) -> None:
         """A round's verdicts: (depth, draft probability, accepted) of each token the target judged first at its
@@ -126,3 +172,5 @@ class Policy:
         for depth, probability, accepted in verdicts:
             self.by_depth.add(depth, accepted)
             self.by_probability.add(bisect_right(EDGES, probability), accepted)
+            if depth == 1:
+                self.firsts.append(probability)

@@ -35,6 +35,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from .. import SpecConfig, autoregressive_generate, generate, load_pair, speculative_generate, summarize
+from ..drafters import ModelDrafter
 from ..models import enable_graphs, make_pair, pick_device
 from ..models.tiny import tiny_models, tiny_tokenizer
 from ..race import race
@@ -88,9 +89,16 @@ def decode_rate(stream) -> tuple[float, list]:
     return summarize(events).decode_tokens_per_s, events
 
 
+def every_k(pair) -> ModelDrafter:
+    """The draft model drafting K every round (no costs, so no policy cut): what is measured is K at the drawn
+    acceptance, beside the cost model's prediction for K."""
+    return ModelDrafter(pair.cached("draft"))
+
+
 def race_rates(pair, prompt, cfg, judge) -> dict:
     """The app's race: both decoders take turns on one target, the one behind on its own clock next."""
-    streams = {"plain": autoregressive_generate(pair, prompt, cfg), "spec": speculative_generate(pair, prompt, cfg, judge=judge)}
+    streams = {"plain": autoregressive_generate(pair, prompt, cfg),
+               "spec": speculative_generate(pair, prompt, cfg, every_k(pair), judge=judge)}
     return {name: summarize(e).decode_tokens_per_s for name, e in race(streams).items()}
 
 
@@ -109,12 +117,12 @@ def measure(pair, args, graphs: str, accepts: dict[str, float], race_at: str, tr
     prompt = list(range(1, args.context))
     generate(pair, prompt, dataclasses.replace(cfg, max_new_tokens=8))  # the remaining shapes, compiled now
     plain, plain_events = decode_rate(autoregressive_generate(pair, prompt, cfg))
-    _, spec_events = decode_rate(speculative_generate(pair, prompt, cfg))
+    _, spec_events = decode_rate(speculative_generate(pair, prompt, cfg, every_k(pair)))
     ids = lambda events: [t for e in events for t in e.committed]
     v = lambda k: passes[k + 1] if k + 1 in passes else 1 + (passes[5] - 1) * k / 4
     runs = {}
     for name, a in accepts.items():
-        rate, events = decode_rate(speculative_generate(pair, prompt, cfg, judge=simulated(a)))
+        rate, events = decode_rate(speculative_generate(pair, prompt, cfg, every_k(pair), judge=simulated(a)))
         predicted = plain * expected_speedup(a, args.k, c, v(args.k))
         runs[name] = {"a": a, "tokens_per_s": rate, "speedup": rate / plain, "predicted_tokens_per_s": predicted,
                       "measured_over_predicted": rate / predicted,

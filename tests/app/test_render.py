@@ -1,4 +1,5 @@
 """Rendering and plotting are pure functions: tested here without a browser."""
+import dataclasses
 import html
 from types import SimpleNamespace
 
@@ -6,11 +7,12 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from app import plots
+from app import plots, teach
 from app.handlers import lane_pieces
 from app.race import advance, run, start_race
 from app.render import Piece, legend_html, pane_html
 from specdec_core import SpecConfig, generate
+from specdec_core.theory import PassCosts
 from specdec_core.text import Detokenizer, encode_prompt
 
 from ..conftest import with_eos
@@ -54,10 +56,43 @@ def test_pieces_follow_the_round(tiny):
     pieces = lane_pieces(race, race.spec)
     kinds = {p.kind for p in pieces}
     assert {"accepted", "rejected", "replacement", "bonus"} <= kinds
-    shown = "".join(p.text for p in pieces if p.kind in ("accepted", "replacement", "bonus"))
+    # a round with no room left to draft (one token to the cap) is a plain step, and says so
+    assert out.events[-1].k == 0
+    last = [p for p in pieces if "nothing to draft" in p.tip]
+    assert [(p.kind, p.round) for p in last] == [("target", out.events[-1].round)]
+    shown = "".join(p.text for p in pieces if p.kind in ("accepted", "replacement", "bonus", "target"))
     assert shown == out.text
     # one rejected token per round with a replacement
     assert sum(p.kind == "rejected" for p in pieces) == sum(e.token_kind == "replacement" for e in out.events)
+
+
+def test_a_round_the_policy_left_undrafted_shows_as_a_plain_step_with_its_reason(tiny_set):
+    """An unrelated draft whose forward costs 0.3 of a step: once this answer's verdicts say that drafting does not
+    pay, rounds are plain steps, drawn as the target's own steps with the forecast that ruled drafting out; drafted
+    rounds say the length the policy chose and the gain it expected; so do the step captions, the summary and the
+    theory panel (the curve the last round's length was chosen from)."""
+    costs = PassCosts({1: 1.0, 65: 10.6}, draft=0.3)
+    pair = with_eos(dataclasses.replace(tiny_set["unrelated"], pass_costs=costs), [])
+    race = run(start_race(pair, "hello", SpecConfig(k=4, max_new_tokens=60)))
+    events = race.spec.events
+    plain, drafted = [e for e in events if e.k and not e.drafted], [e for e in events if e.drafted]
+    assert plain and drafted
+    pieces = lane_pieces(race, race.spec, "pt")
+    closing = {p.round: p for p in pieces if p.kind in ("target", "replacement", "bonus")}  # each round's last token
+    for e in plain:  # what drafting was expected to bring, below a plain step's 1.00x
+        assert closing[e.round].kind == "target" and 0 < e.gain <= e.curve[0]
+        assert f"um passo comum: com a aceitação desta resposta até aqui, rascunhar não compensaria (esperado " \
+               f"{e.gain:.2f}× a velocidade da decodificação comum" in closing[e.round].tip
+        assert teach.caption(e).startswith(f"Round {e.round}: a plain step. At this answer's acceptance so far, drafting "
+                                           f"would not pay (expected {e.gain:.2f}× plain decoding's speed)")
+    for e in drafted:
+        assert f"rodada {e.round}: a política rascunhou {len(e.drafted)}, esperando {e.gain:.2f}×" in closing[e.round].tip
+        assert f"(the policy expected {e.gain:.2f}× from it)" in teach.caption(e)
+    summary = plots.summary_html(race.plain.stats, race.spec.stats, None, False)
+    assert f"{len(plain)} of {len(events)} rounds plain steps, where drafting would not pay" in summary
+    policy = next(trace for trace in teach.theory(race).data if trace.name.startswith("the policy's forecast"))
+    last = next(e for e in reversed(events) if e.curve)
+    assert list(policy.y) == last.curve and f"before round {last.round}" in policy.name
 
 
 def test_race_interleaves_on_the_shared_clock_and_matches_the_engine(tiny):

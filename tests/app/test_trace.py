@@ -43,9 +43,11 @@ def test_step_captions(tiny):
         words = caption(e)
         assert f"drafted {len(e.drafted)}" in words and f"agreed with {e.accepted}" in words
         assert ("replaced" in words) == (e.token_kind == "replacement")
-    e = dataclasses.replace(race.spec.events[0], drafted=[1, 2, 3, 4], draft_steps=2)  # two drawn as guessed
-    assert caption(e).startswith(f"Round {e.round}: drafted 4 in 2 draft steps, the target agreed with")
-    assert caption(e, "pt").startswith(f"Rodada {e.round}: rascunhou 4 em 2 passos do rascunho, o alvo concordou")
+    e = dataclasses.replace(race.spec.events[0], drafted=[1, 2, 3, 4], draft_steps=2, gain=1.5)  # two drawn as guessed
+    assert caption(e).startswith(f"Round {e.round}: drafted 4 in 2 draft steps (the policy expected 1.50× from it), "
+                                 "the target agreed with")
+    assert caption(e, "pt").startswith(f"Rodada {e.round}: rascunhou 4 em 2 passos do rascunho (a política esperava "
+                                       "1.50× disso), o alvo concordou")
 
 
 def test_the_shipped_trace_replays_without_a_model():

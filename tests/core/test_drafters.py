@@ -120,12 +120,12 @@ def test_each_round_drafts_what_the_policy_reads_from_the_rounds_before():
                                                         for t in e.committed]
     replay = Policy(CPU_COSTS)
     for e in events:
-        n, curve = replay.plan(e.k)
+        n, curve, value = replay.plan(e.k)
         assert e.curve == pytest.approx(curve) and (n == 0) == (not e.drafted)
         worths = list(itertools.accumulate((replay.worth(top[0][1]) for top in e.draft_top), operator.mul))
-        assert all(replay.go_on(worths[:j], j) for j in range(1, len(worths)))
-        assert not e.drafted or len(e.drafted) == e.k or not replay.go_on(worths, len(worths))
-        assert e.gain == pytest.approx(replay.gain(worths, len(worths)) if e.drafted else curve[0])
+        assert all(replay.go_on(worths[:j]) for j in range(1, len(worths)))
+        assert not e.drafted or len(e.drafted) == e.k or not replay.go_on(worths)
+        assert e.gain == pytest.approx(replay.gain(worths) if e.drafted else value)
         judged = range(1, min(e.accepted + 1, len(e.drafted)) + 1)
         replay.learn([(d, e.draft_top[d - 1][0][1], d <= e.accepted) for d in judged])
     assert drafter.policy.by_depth.judged == pytest.approx(replay.by_depth.judged)

@@ -3,36 +3,41 @@ import pytest
 
 from specdec_core.drafters import verdicts
 from specdec_core.drafts import Node
-from specdec_core.policy import DECAY, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, Policy
+from specdec_core.policy import DECAY, DRAFT_WEIGHT, EXPLORE, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, Policy
 from specdec_core.theory import PassCosts
 
 # a draft forward 0.3 of a step, each row of a pass 0.15 of a step more
 LINEAR = PassCosts({1: 1.0, 65: 1.0 + 0.15 * 64}, draft=0.3)
 
 
-def judged(policy: Policy, rate: float, rounds: int = 200) -> Policy:
-    """`rounds` rounds whose first token the target accepted with this rate (deterministically spread)."""
+def judged(policy: Policy, rate: float, probability: float = 0.6, rounds: int = 200) -> Policy:
+    """`rounds` rounds whose first token, drawn at `probability`, the target accepted at this rate (spread evenly)."""
     for r in range(rounds):
-        policy.learn([(1, 0.6, (r * rate) % 1 + rate >= 1)])
+        policy.learn([(1, probability, (r * rate) % 1 + rate >= 1)])
     return policy
 
 
 def test_the_curve_is_the_expected_tokens_over_the_rounds_cost():
     policy = Policy(LINEAR)
-    policy.observe(1.0, 1)  # not timed here (no step_ms): the draft's cost stays as given
+    policy.observe(1.0, 1.0, 2, 2)  # not timed here (no step_ms): the draft's costs stay as given
     a = PRIOR_ACCEPTANCE  # no verdict yet: every depth at the prior
     tokens = [1, 1 + a, 1 + a + a * a]
     assert policy.curve(2) == pytest.approx([tokens[n] / (0.3 * n + 1 + 0.15 * n) for n in range(3)])
-    assert policy.plan(2) == (2, policy.curve(2))
+    assert policy.plan(2) == (2, policy.curve(2), policy.curve(2)[2])  # no first token seen: the curve's best
+    assert Policy(None).plan(8) == (8, [], 0.0)  # costs not measured: as far as asked
 
 
-def test_drafting_stops_where_acceptance_no_longer_pays_for_the_draft():
-    """At these costs one token pays above an acceptance of 0.45 (1 + a > 1.45); below, every round is plain."""
-    assert judged(Policy(LINEAR), 0.65).plan(8)[0] >= 1
-    low = judged(Policy(LINEAR), 0.3)
-    n, curve = low.plan(8)
-    assert n == 0 and max(curve[1:]) < 1.0 == curve[0]
-    assert Policy(None).plan(8) == (8, [])  # costs not measured: as far as asked
+def test_drafting_stops_where_acceptance_no_longer_pays_for_the_draft_and_probes_again():
+    """At these costs one token pays above an acceptance of 0.45 (1 + a > 1.45); below, rounds are plain steps,
+    until enough of them make a probe cheap next to what it may find (EXPLORE)."""
+    assert judged(Policy(LINEAR), 0.65).plan(8)[0] == 8  # drafting pays: as far as go_on goes
+    low = judged(Policy(LINEAR), 0.3, probability=0.2)
+    plans = [low.plan(8) for _ in range(40)]
+    n, curve, value = plans[0]
+    assert n == 0 and value < 1.0 == curve[0] and max(curve[1:]) < 1.0
+    run = next(i for i, plan in enumerate(plans) if plan[0])  # the first probe, then plain steps again
+    assert run * EXPLORE >= 1.0 - value > (run - 1) * EXPLORE and plans[run + 1][0] == 0
+    assert low.plan(8, reads=False)[0] == 0  # a GPU's chain: the curve's best, which is none
 
 
 def test_verdicts_fade_so_that_the_latest_weigh_most():
@@ -41,31 +46,35 @@ def test_verdicts_fade_so_that_the_latest_weigh_most():
     policy.learn([])
     assert policy.by_depth.judged[1] == pytest.approx(DECAY)
     first = (DECAY + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / (DECAY + PRIOR_WEIGHT)
-    assert policy.forecast(1) == pytest.approx(first)
     # a depth with few verdicts leans on the depth above: one rejection at depth 2, none judged at depth 3
-    assert policy.forecast(2) == pytest.approx(PRIOR_WEIGHT * first / (DECAY + PRIOR_WEIGHT))
-    assert policy.forecast(3) == policy.forecast(2)
+    second = PRIOR_WEIGHT * first / (DECAY + PRIOR_WEIGHT)
+    assert policy.forecasts(3) == pytest.approx([first, second, second])
     # a calibrated probability: tokens drafted at 0.9 and accepted half the time are worth about a half
     for r in range(40):
         policy.learn([(1, 0.9, r % 2 == 0)])
     assert policy.worth(0.9) == pytest.approx(0.5, abs=0.05) and policy.worth(0.2) == pytest.approx(0.15)
+    assert list(policy.firsts)[-3:] == [0.9] * 3
 
 
-def test_the_chain_goes_on_while_the_next_token_raises_tokens_per_unit_time():
-    policy = Policy(LINEAR)  # next token forecast at 0.8 of the last one's worth
+def test_the_chain_goes_on_while_its_next_token_raises_tokens_per_unit_time():
+    policy = Policy(LINEAR)  # next tokens forecast at 0.8 of the last one's worth
     # after one token worth 0.9: 1.9 / 1.45 = 1.31 now, (1.9 + 0.72) / 1.9 = 1.38 with one more
-    assert policy.go_on([0.9], 1)
+    assert policy.go_on([0.9])
     # after one worth 0.3: 1.3 / 1.45 = 0.90 now, (1.3 + 0.24) / 1.9 = 0.81 with one more
-    assert not policy.go_on([0.3], 1)
-    assert policy.gain([0.9], 1) == pytest.approx(1.9 / 1.45)
+    assert not policy.go_on([0.3])
+    assert policy.gain([0.9]) == pytest.approx(1.9 / 1.45)
+    # a next token that came with a guess costs only its row: (1.3 + 0.24) / 1.6 = 0.96 > 0.90
+    assert policy.go_on([0.3], guessed=True)
 
 
-def test_the_draft_cost_follows_what_its_rounds_measure():
-    """Where the target's step was timed (20 ms here), each round's draft time moves the cost a fifth of the way."""
+def test_the_draft_costs_follow_what_its_rounds_measure():
+    """Where the target's step was timed (20 ms here), each round's times move the costs a fifth of the way."""
     policy = Policy(PassCosts(LINEAR.sizes, draft=0.3, step_ms=20.0))
-    policy.observe(0.024, 2)  # 12 ms a forward: 0.6 of a step
-    assert policy.draft == pytest.approx(0.3 + 0.2 * (0.6 - 0.3))
-    assert policy.cost(1, 0) == pytest.approx(policy.draft + 1.0)
+    policy.observe(0.010, 0.024, 3, 5)  # first token 10 ms (0.5 of a step), two more forwards of 12 ms, 2 guessed
+    assert policy.first == pytest.approx(0.3 + DRAFT_WEIGHT * (0.5 - 0.3))
+    assert policy.next == pytest.approx(0.3 + DRAFT_WEIGHT * (0.6 - 0.3))
+    assert policy.guessing == pytest.approx(DRAFT_WEIGHT * 0.5)
+    assert policy.cost(3) == pytest.approx(policy.first + 2 * policy.next * (1 - policy.guessing) + 1.0 + 0.15 * 3)
 
 
 def test_a_rounds_verdicts_are_read_from_the_tokens_it_committed():

@@ -12,8 +12,8 @@ from app.handlers import lane_pieces
 from app.race import advance, run, start_race
 from app.render import Piece, legend_html, pane_html
 from specdec_core import SpecConfig, generate
-from specdec_core.theory import PassCosts
 from specdec_core.text import Detokenizer, encode_prompt
+from specdec_core.theory import PassCosts
 
 from ..conftest import with_eos
 

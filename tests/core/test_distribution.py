@@ -13,7 +13,7 @@ import torch
 from scipy.stats import chisquare
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from specdec_core import SpecConfig, make_drafter, speculative_generate, verify
+from specdec_core import SpecConfig, drafters, make_drafter, speculative_generate, verify
 from specdec_core.drafters import ModelDrafter
 from specdec_core.lookup import HybridDrafter, PromptLookupDrafter
 from specdec_core.models import Pair

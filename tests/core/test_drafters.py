@@ -130,7 +130,7 @@ def test_each_round_drafts_what_the_policy_reads_from_the_rounds_before():
         replay.learn([(d, e.draft_top[d - 1][0][1], d <= e.accepted) for d in judged])
     assert drafter.policy.by_depth.judged == pytest.approx(replay.by_depth.judged)
     plain = [not e.drafted for e in events[:-1]]
-    assert 5 < sum(plain) < len(plain) - 5 and any(a and not b for a, b in zip(plain, plain[1:]))  # and back
+    assert 5 < sum(plain) < len(plain) - 5 and any(a and not b for a, b in itertools.pairwise(plain))  # and back
     assert len({len(e.drafted) for e in events}) > 2
     list(drafter.start(prompt))  # the prefill runs as it is iterated
     assert not drafter.policy.by_depth.judged

@@ -59,7 +59,7 @@ class ModelDrafter:
         self.fed: Fed | None = None  # the drafted nodes fed to the cache in the last round
         self.forwards = 1  # draft forwards the last tree took: this round's sizing must not depend on its own draws
         self.guessed = 0  # nodes, over all drafts, whose distribution came with a guess (no forward of their own)
-        self.first_at = 0.0  # when the last draft's first token was drawn (its forward, its sampling, its read)
+        self.first_at = self.grown_at = 0.0  # when the last draft's first token was drawn, and its last one
         self.judging: tuple[int, list[Node]] | None = None  # the last draft's start and nodes, judged at commit
 
     def start(self, ids):
@@ -102,8 +102,9 @@ class ModelDrafter:
         else:  # read on the host level by level: its time is known without a wait, and the policy learns it where
             t0, behind = time.perf_counter(), len(ids) - self.lm.length  # the draft caught up as after a drafted round
             draft = self.grow(ids, k, width, cfg, generator)
-            if behind <= 2:
-                self.policy.observe(self.first_at - t0, time.perf_counter() - self.first_at, draft.steps, len(draft))
+            if behind <= 2:  # what the round took once, whatever its length, counted with its first token
+                once = self.first_at - t0 + time.perf_counter() - self.grown_at
+                self.policy.observe(once, self.grown_at - self.first_at, draft.steps, len(draft))
         draft.curve = curve
         return draft
 
@@ -157,6 +158,7 @@ class ModelDrafter:
             logits, pending = self.feed([g.nodes[i].token for i in frontier], len(frontier), ids, path, more, tree)
             g.fed += frontier
             forwards += 1
+        self.grown_at = time.perf_counter()
         draft = self.select(g, start, limit, cfg)
         self.forwards = draft.steps = forwards
         return draft

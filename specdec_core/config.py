@@ -30,7 +30,9 @@ class SpecConfig:
     top_k: int = setting(0, "keep only the k most likely tokens; 0 = off")
     top_p: float = setting(1.0, "nucleus sampling mass in (0, 1]; 1 = off")
     max_new_tokens: int = setting(128, f"hard cap on generated tokens (1..{MAX_NEW_TOKENS})")
-    seed: int = setting(0, "seeds the explicit torch.Generator: same seed, same output")
+    seed: int = setting(0, "seeds the explicit torch.Generator: same seed, same plain output; speculative output is the "
+                           "same where the drafts are, and how far they go follows timed costs (a draw of the same "
+                           "distribution)")
     chat: bool = setting(True, "wrap the prompt in the tokenizer's chat template when it has one")
     adaptive: bool = setting(False, "grow K after a fully accepted round, shrink it after a rejection")
     min_confidence: float = setting(0.0, "also stop a draft once the product of its top probabilities falls below this; "

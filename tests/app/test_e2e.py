@@ -76,13 +76,13 @@ def test_unusual_prompts_work(app, engine_pair, prompt):
 
 
 def test_concurrent_clients_get_their_own_answers(app, engine_pair):
+    """Greedy, each client its own prompt: the engine's answers exactly. (A sampled answer is the same draw only where
+    the drafts are the same, and how far they go follows costs timed in each process.)"""
     prompts = [f"client {i}: say something" for i in range(8)]
-    cfg = lambda i: SpecConfig(k=2, max_new_tokens=20, temperature=1.0, seed=i, min_confidence=SpecConfig().min_confidence)
-    expected = [generate(engine_pair, p, cfg(i)).token_ids for i, p in enumerate(prompts)]
+    expected = [generate(engine_pair, p, SpecConfig(k=2, max_new_tokens=20)).token_ids for p in prompts]
 
     def ask(i):
-        return app.client().predict(prompts[i], k=2, max_new_tokens=20, temperature=1.0, seed=i,
-                                    api_name="/generate")["token_ids"]
+        return app.client().predict(prompts[i], k=2, max_new_tokens=20, api_name="/generate")["token_ids"]
 
     with ThreadPoolExecutor(8) as pool:
         got = list(pool.map(ask, range(8)))

@@ -78,8 +78,10 @@ def policy_tip(e: RoundEvent, lang: str) -> str:
     """What the draft model's policy chose for the round, and why (nothing for a drafter without one)."""
     if e.method != "speculative" or not e.curve:
         return ""
-    if not e.drafted:  # a plain step: no room left to draft, or drafting was expected to bring less than 1.00x
-        return "\n" + (t("tip_plain_step", lang, g=e.gain) if e.k else t("tip_last_step", lang))
+    if e.plain_step:  # drafting was expected to bring less than 1.00x
+        return "\n" + t("tip_plain_step", lang, g=e.gain)
+    if not e.drafted:  # no room left to draft
+        return "\n" + t("tip_last_step", lang)
     return "\n" + t("tip_policy", lang, r=e.round, n=len(e.drafted), g=e.gain)
 
 

@@ -50,7 +50,7 @@ def theory(race, lang="en"):
 
 
 def caption(e, lang="en") -> str:
-    if not e.drafted and e.curve and e.k:  # the policy's plain step, and why
+    if e.plain_step:  # and why
         return t("caption_plain", lang, r=e.round, g=e.gain)
     # where guesses (or a tree's levels) spared the draft some steps, say how many it took
     steps = t("caption_steps", lang, s=e.draft_steps) if 0 < e.draft_steps < len(e.drafted) else ""

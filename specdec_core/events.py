@@ -67,6 +67,11 @@ class RoundEvent:
         return tree_depths(self.parents)[i]
 
     @property
+    def plain_step(self) -> bool:
+        """A speculative round whose policy judged that drafting would not pay (not one with no room left to draft)."""
+        return self.method == "speculative" and self.k > 0 and not self.drafted and bool(self.curve)
+
+    @property
     def depth(self) -> int:
         """How deep the draft went: a chain's length, a tree's deepest node."""
         return max(tree_depths(self.parents), default=0)
@@ -141,7 +146,7 @@ def summarize(events: list[RoundEvent]) -> Stats:
         s.draft_s += e.draft_s
         s.verify_s += e.verify_s
         s.overhead_s += e.overhead_s
-        s.plain_steps += e.method == "speculative" and e.k > 0 and not e.drafted and bool(e.curve)
+        s.plain_steps += e.plain_step
     s.rounds = len(events)
     s.seconds = events[-1].elapsed_s
     s.tokens_per_s = s.tokens / s.seconds if s.seconds > 0 else 0.0

@@ -1,7 +1,8 @@
 """How far a round drafts: each round drafts only as far as the measured costs say it pays, 0 included.
 
-A round that drafts n tokens costs the draft's forwards (relative to a target step) and a target pass of n + 1 tokens (`PassCosts.verify`), and brings 1 + the sum, over its tokens, of the chance that the target accepts
-every token up to that one (its worth). Plain decoding brings 1 token for 1 step. The policy learns from this answer's
+A round that drafts n tokens costs the draft's forwards (relative to a target step) and a target pass of n + 1 tokens
+(`PassCosts.verify`), and brings 1 + the sum, over its tokens, of the chance that the target accepts every token up to
+that one (its worth). Plain decoding brings 1 token for 1 step. The policy learns from this answer's
 own rounds, weighted toward the latest:
   - the chance that the d-th drafted token is accepted once the ones before it were (`forecast`, by depth): the
     `curve` of expected tokens per unit time of drafting n = 0..k, forecast before the round;
@@ -137,8 +138,8 @@ class Policy:
         """The expected tokens per unit time, relative to plain decoding, of a round that drafts and goes on by
         `go_on`, its first token as probable as one of the latest first tokens, each one after at the forecast."""
         rates, tokens, cost = self.forecasts(k), 0.0, 0.0
-        for b, count in Counter(bisect_right(EDGES, p) for p in self.firsts).items():
-            worths = [self.by_probability.rate(b, MIDDLES[b])]
+        for first, count in Counter(self.worth(p) for p in self.firsts).items():
+            worths = [first]
             while len(worths) < k and self.go_on(worths, rates=rates):
                 worths.append(worths[-1] * rates[len(worths)])
             tokens += count * (1.0 + sum(worths))

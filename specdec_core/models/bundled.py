@@ -9,9 +9,7 @@ Two processes starting on one cache take turns (a lock file): the second finds w
 """
 from __future__ import annotations
 
-import json
 import shutil
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,11 +17,10 @@ import torch
 
 from ..messages import Note, Refusal
 from .files import DRAFT, TARGET, BundledModel, default_cache_dir, file_digest, part_paths
-from .gguf_model import GGUF, load_dense, load_target
-from .native import locked, remove_leftovers
-from .pair import Pair, PairInfo, Progress, make_pair
-
-MANIFEST = "specdec.json"
+from .gguf_model import GGUF
+from .gguf_pair import MANIFEST, load_files
+from .native import remove_leftovers
+from .pair import Pair, Progress
 
 
 def checked_parts(m: BundledModel) -> list[Path]:
@@ -34,38 +31,6 @@ def checked_parts(m: BundledModel) -> list[Path]:
     if size != m.size or digest != m.sha256:
         raise Refusal("bundled_damaged", name=m.name, want=m.sha256, got=digest)
     return paths
-
-
-def digests(folder: Path) -> dict:
-    return {f.name: file_digest(f) for f in sorted(folder.iterdir()) if f.name != MANIFEST}
-
-
-def tokenizer_of(gguf: GGUF, root: Path, sha256: str):
-    """The tokenizer made from the target's file (transformers' conversion, a second), kept in the cache with the
-    digest of its files; a folder whose files do not match it is made again."""
-    from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
-
-    folder = root / f"tokenizer-{sha256[:16]}"
-    try:
-        if json.loads((folder / MANIFEST).read_text()) == digests(folder):
-            # the kept tokenizer.json read whole by the tokenizers library: Qwen2's class would first parse it in
-            # Python to rebuild the same tokenizer from its vocabulary and merges (0.8-0.9 s against 0.6 s here)
-            return PreTrainedTokenizerFast.from_pretrained(folder)
-    except (OSError, ValueError):
-        pass
-    with locked(root), tempfile.TemporaryDirectory(dir=root) as tmp:
-        # transformers reads the tokenizer from a file: the metadata alone, without the tensors, is enough
-        header = Path(tmp) / "tokenizer.gguf"
-        header.write_bytes(gguf.metadata)
-        # Qwen2's own class: AutoTokenizer would first read the file's config through gguf's reader (10 s here)
-        tok = Qwen2Tokenizer.from_pretrained(tmp, gguf_file=header.name)
-        building = folder.with_name(folder.name + ".partial")
-        shutil.rmtree(building, ignore_errors=True)
-        tok.save_pretrained(building)
-        (building / MANIFEST).write_text(json.dumps(digests(building)))
-        shutil.rmtree(folder, ignore_errors=True)
-        building.rename(folder)
-    return tok
 
 
 def remove_old_layouts(root: Path) -> None:
@@ -95,17 +60,6 @@ def load_bundled(device: torch.device, dtype: torch.dtype, progress: Progress, c
         # both before a byte is parsed (a damaged part says "reinstall", not "not a GGUF file"), and before the target's
         # blocks are repacked (on every core): the two would take turns
         target_file, draft_file = [GGUF(paths) for paths in [check.result() for check in checks]]
-        if target_file.vocabulary() != draft_file.vocabulary():
-            raise Refusal("tokenizers_differ", draft=repr(DRAFT.name), target=repr(TARGET.name))
-        tok = pool.submit(tokenizer_of, target_file, root, TARGET.sha256)  # from checked bytes only: kept in the cache
-        progress(0.3, Note("load_reading", model=TARGET.name))
-        target = load_target(target_file) if exact else load_dense(target_file, dtype, lazy[0])
-        progress(0.6, Note("load_reading", model=DRAFT.name))
-        draft = load_dense(draft_file, dtype, lazy[1])
-        progress(0.8, Note("load_tokenizer"))
-        tok = tok.result()
-    if device.type != "cpu":
-        target, draft = target.to(device), draft.to(device)
-    pair = make_pair("bundled", target, draft, tok, device, dtype,
-                     PairInfo(TARGET.name, DRAFT.name))
+    pair = load_files("bundled", target_file, draft_file, (TARGET.name, DRAFT.name), device, dtype, progress, root, TARGET.sha256,
+                      exact, lazy)
     return pair, root  # where the models' quantised weights are kept

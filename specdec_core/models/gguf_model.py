@@ -1,4 +1,4 @@
-"""Qwen2 models read from a GGUF file as it is: no converted copy on disk.
+"""Qwen2 and Llama models read from GGUF files as they are: no converted copy on disk.
 
 The target keeps the file's Q4_K and Q6_K blocks (kquant.KQuantLinear, exact: the same logits in a step and in any
 pass); the draft's weights are dequantised in memory, in the dtype it runs in, and then quantised as every draft is
@@ -13,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType as T
 from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+from gguf import quants as gguf_quants
 from torch import nn
-from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers.initialization import no_init_weights
 
 from .kquant import GGML_TYPES, KQuantLinear, as_bytes, dequantise_rows, packed_size, quantise
@@ -24,16 +25,19 @@ from .kquant import GGML_TYPES, KQuantLinear, as_bytes, dequantise_rows, packed_
 HF_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
             "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+ARCHITECTURES = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
 SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 STRING, ARRAY = 8, 9
 
 
 class GGUF:
-    """A GGUF file's metadata and tensors (by GGUF name), read from memory maps of the file, or of the parts it is
-    split into, in order, read where they lie. (gguf's GGUFReader turns every one of the 150,000 tokens into numpy
-    objects: 9 s for the bundled target, against 0.1 s here.)"""
+    """A GGUF file's metadata and tensors (by GGUF name), read from memory maps of the file, or of the parts its bytes
+    are cut into, in order, read where they lie. (gguf's GGUFReader turns every one of the 150,000 tokens into numpy
+    objects: 9 s for the bundled target, against 0.1 s here.) `shards`: the other files of a model split by
+    llama.cpp's gguf-split (each a GGUF file of its own, holding some of the tensors), their tensors read as this
+    file's."""
 
-    def __init__(self, paths: Path | list[Path]):
+    def __init__(self, paths: Path | list[Path], shards: list[Path] = ()):
         self.paths = [Path(p) for p in (paths if isinstance(paths, (list, tuple)) else [paths])]
         self.maps = [np.memmap(p, dtype=np.uint8, mode="r") for p in self.paths]
         self.starts = np.cumsum([0] + [len(m) for m in self.maps])
@@ -48,6 +52,18 @@ class GGUF:
                     raise ValueError(f"{self.name} is cut short") from None
                 head *= 4
         del self.data
+        self.holders = {}  # tensor name -> the shard that holds it, where another does
+        for i, shard in enumerate(map(GGUF, shards), 1):
+            if int(shard.field("split.no", -1)) != i:
+                raise ValueError(f"{shard.name} is not part {i + 1} of {self.name}")
+            for name in shard.tensors:
+                if name in self.tensors:
+                    raise ValueError(f"{shard.name} holds {name} again")
+                self.holders[name] = shard
+            self.tensors.update(shard.tensors)
+        count = int(self.field("split.count", 1))
+        if not shards and int(self.field("split.no", 0)) == 0 and count != 1:
+            raise ValueError(f"{self.name} is one of {count} files, read with 1")
 
     @property
     def name(self) -> str:
@@ -120,12 +136,21 @@ class GGUF:
     def field(self, key: str, default=None):
         return self.fields.get(key, default)
 
-    def config(self) -> Qwen2Config:
+    @property
+    def architecture(self) -> str:
         arch = self.field("general.architecture")
-        if arch != "qwen2":
-            raise ValueError(f"{self.name} holds a {arch} model; GGUF files are read for Qwen2 models only")
-        a = lambda key: self.field(f"qwen2.{key}")
-        return Qwen2Config(vocab_size=int(self.tensors["token_embd.weight"][1][1]), hidden_size=a("embedding_length"),
+        if arch not in ARCHITECTURES:
+            raise ValueError(f"{self.name} holds a {arch} model; GGUF files are read for "
+                             f"{' and '.join(ARCHITECTURES)} models")
+        return arch
+
+    def config(self) -> Qwen2Config | LlamaConfig:
+        arch = self.architecture
+        a = lambda key: self.field(f"{arch}.{key}")
+        extra = {} if a("attention.key_length") in (None, a("embedding_length") // a("attention.head_count")) \
+            else {"head_dim": a("attention.key_length")}
+        return ARCHITECTURES[arch][0](vocab_size=int(self.tensors["token_embd.weight"][1][1]),
+                           hidden_size=a("embedding_length"),
                            intermediate_size=a("feed_forward_length"), num_hidden_layers=a("block_count"),
                            num_attention_heads=a("attention.head_count"), num_key_value_heads=a("attention.head_count_kv"),
                            max_position_embeddings=a("context_length"), rms_norm_eps=a("attention.layer_norm_rms_epsilon"),
@@ -133,7 +158,7 @@ class GGUF:
                            tie_word_embeddings="output.weight" not in self.tensors,
                            bos_token_id=self.field("tokenizer.ggml.bos_token_id"),
                            eos_token_id=self.field("tokenizer.ggml.eos_token_id"),
-                           pad_token_id=self.field("tokenizer.ggml.padding_token_id"))
+                           pad_token_id=self.field("tokenizer.ggml.padding_token_id"), **extra)
 
     def vocabulary(self) -> tuple:
         """What two models must share to share a tokenizer: the tokens, the merges, the special ids."""
@@ -145,8 +170,20 @@ class GGUF:
         kind, dims, offset, size = self.tensors[name]
         with warnings.catch_warnings():  # read-only memory: nothing here writes to it
             warnings.simplefilter("ignore", UserWarning)
-            raw = torch.from_numpy(self.read(offset, offset + size))
-        return raw, kind, int(dims[-1]) if len(dims) > 1 else 1, int(dims[0])
+            raw = torch.from_numpy(self.holders.get(name, self).read(offset, offset + size))
+        n, k = int(dims[-1]) if len(dims) > 1 else 1, int(dims[0])
+        heads = self.rotated_heads(name)
+        if heads:  # whole rows moved (a row is whole blocks): a copy in PyTorch's order
+            order = torch.arange(n).reshape(heads, -1, 2).transpose(1, 2).reshape(-1)
+            raw = raw.reshape(n, -1)[order].reshape(-1)
+        return raw, kind, n, k
+
+    def rotated_heads(self, name: str) -> int:
+        """For a Llama file's query and key weights, their heads: llama.cpp's converter interleaves each head's two
+        rotated halves (row i of a half goes to row 2i or 2i + 1), which PyTorch's Llama keeps apart; else 0."""
+        if self.architecture != "llama" or not name.endswith((".attn_q.weight", ".attn_k.weight")):
+            return 0
+        return int(self.field("llama.attention.head_count" + ("_kv" if ".attn_k." in name else "")))
 
     def dense(self, name: str) -> torch.Tensor:
         """The tensor's values in float32, shaped as PyTorch's [out, in] (or [n])."""
@@ -156,7 +193,8 @@ class GGUF:
 
 
 def dequantise(raw: torch.Tensor, kind: int, n: int, k: int) -> torch.Tensor:
-    """The values of a GGUF tensor of type `kind` as float32 [n, k]: the formats a Q4_K_M file holds."""
+    """The values of a GGUF tensor of type `kind` as float32 [n, k]: the types a Q4_K_M file holds here, any other
+    through gguf's own reading of it."""
     if kind == T.F32:
         return raw.view(torch.float32).reshape(n, k).clone()
     if kind == T.F16:
@@ -172,7 +210,8 @@ def dequantise(raw: torch.Tensor, kind: int, n: int, k: int) -> torch.Tensor:
         qs = blocks[:, 6:]
         q = (torch.cat([qs & 15, qs >> 4], 1) | high).view(torch.int8) - 16
     else:
-        raise ValueError(f"GGML type {T(kind).name} is not read here")
+        values = gguf_quants.dequantize(raw.numpy().reshape(n, -1), T(kind))
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(n, k)
     return (d * q.float()).reshape(n, k)
 
 
@@ -199,11 +238,18 @@ class RowsEmbedding(nn.Module):
         return rows.to(self.dtype).reshape(*ids.shape, self.dim)
 
 
-def skeleton(config: Qwen2Config) -> Qwen2ForCausalLM:
-    """The model with its weights on the meta device (nothing allocated), its rotary buffers real."""
+def skeleton(f: GGUF) -> Qwen2ForCausalLM | LlamaForCausalLM:
+    """The model with its weights on the meta device (nothing allocated), its rotary buffers real: with a Llama 3.1
+    file's own factors of its rotary frequencies (`rope_freqs.weight`: each frequency divided by its factor)."""
+    config = f.config()
     with no_init_weights(), torch.device("meta"):
-        model = Qwen2ForCausalLM(config)
-    model.model.rotary_emb = type(model.model.rotary_emb)(config)
+        model = ARCHITECTURES[f.architecture][1](config)
+    rotary = model.model.rotary_emb = type(model.model.rotary_emb)(config)
+    if "rope_freqs.weight" in f.tensors:
+        factors = f.dense("rope_freqs.weight")
+        if factors.shape != rotary.inv_freq.shape:
+            raise ValueError(f"{f.name}'s rope_freqs has {len(factors)} factors for {len(rotary.inv_freq)} frequencies")
+        rotary.inv_freq = rotary.original_inv_freq = rotary.inv_freq / factors
     return model
 
 
@@ -221,7 +267,7 @@ def hf_name(gguf_name: str) -> str:
 def fill(model: nn.Module, f: GGUF, make_linear, make_embedding) -> nn.Module:
     """Every tensor of `f` put in its place: norms and biases as float32 parameters, weights of Linear layers and
     the embedding as make_linear(gguf name, bias) and make_embedding(gguf name) make them."""
-    names = sorted(n for n in f.tensors if n.endswith(".weight"))
+    names = sorted(n for n in f.tensors if n.endswith(".weight") and n != "rope_freqs.weight")
     for name in names:
         target = hf_name(name)
         parent, _, child = target.rpartition(".")
@@ -274,7 +320,7 @@ def side_by_side(f: GGUF) -> dict[str, torch.Tensor]:
     """{GGUF name: where its packed weights go}: each run of one kind among the projections a step computes together
     in one buffer, one after another, so that the step joins them where they lie, not in a copy."""
     into = {}
-    for layer in range(f.field("qwen2.block_count")):
+    for layer in range(f.field(f"{f.architecture}.block_count")):
         for group in TOGETHER:
             shapes = {name: block_kind(f, name) for name in (f"blk.{layer}.{part}.weight" for part in group)}
             for _, run in itertools.groupby(shapes, key=lambda name: shapes[name][0]):
@@ -287,7 +333,7 @@ def side_by_side(f: GGUF) -> dict[str, torch.Tensor]:
 def load_target(path: Path | list[Path] | GGUF) -> Qwen2ForCausalLM:
     """The exact target on the file's blocks, float32 elsewhere."""
     f = path if isinstance(path, GGUF) else GGUF(path)
-    model = skeleton(f.config())
+    model = skeleton(f)
     into = side_by_side(f)
 
     def linear(name, bias):
@@ -302,7 +348,7 @@ def load_dense(path: Path | list[Path] | GGUF, dtype: torch.dtype, lazy: bool = 
     layers' weights are left in the file (on the meta device, each Linear's values() reads them), for a model whose
     quantised weights may have been made before (quant.quantise reads what it needs)."""
     f = path if isinstance(path, GGUF) else GGUF(path)
-    model = skeleton(f.config())
+    model = skeleton(f)
 
     def linear(name, bias):
         _, _, n, k = f.raw(name)

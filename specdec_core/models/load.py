@@ -13,6 +13,7 @@ from ..messages import Note, Refusal
 from .attention import GROUPED, ROWS
 from .kquant import library as kquant_library
 from .pair import Pair, PairInfo, Progress, check_tokenizers, dtype_name, dtype_named, make_pair, pick_device, pick_dtype
+from .sources import is_gguf
 from .step import DecodeStep
 
 
@@ -24,15 +25,16 @@ class LoadOptions:
     target_quant: how the target computes on CPUs, exact in "auto", "int8" and "blocks": a position's logits are the
     same, bit for bit, in a one-token step and in any verification pass, so greedy speculative output is plain
     decoding's on every prompt. "auto" on CPUs: "blocks" for the bundled target where the CPU has AVX-512 VNNI, else
-    "int8" (auto_target_quant); the tiny test pair runs as built. "blocks": the bundled target on its GGUF's own
-    Q4_K/Q6_K blocks (kquant.py): nothing to convert at start, and fewer bytes read a step. "int8"
-    (int8.TokenInt8Linear): int8 weights made from the target's values (for the bundled pair, once, kept in the
-    cache). "off": the values as loaded, in `dtype` (bfloat16 on most CPUs: near-ties can part the
+    "int8" (auto_target_quant); the tiny test pair runs as built. "blocks": a GGUF target (the bundled one, or one
+    named as sources.py reads names) on its file's own blocks (kquant.py): nothing to convert at start, and fewer
+    bytes read a step. "int8" (int8.TokenInt8Linear): int8 weights made from the target's values (for the bundled
+    pair, once, kept in the cache). "off": the values as loaded, in `dtype` (bfloat16 on most CPUs: near-ties can part the
     two outputs).
     draft_quant: an int4 draft on CPUs (quant.cheapen_draft; int8 where the int4 product does not fit). It changes the
     draft's speed and guesses, never the output.
     graphs: on CUDA, decoding steps compiled with CUDA graphs ("inductor", or "off") over static caches
-    of `max_len` positions (cache.CompiledForward); the context is capped to fit them."""
+    of `max_len` positions (cache.CompiledForward); the context is capped to fit them.
+    budget_gb: the most gigabytes of GGUF files a named pair may take (None: any)."""
     device: str = "auto"
     dtype: str = "auto"
     target_quant: str = "auto"
@@ -40,6 +42,7 @@ class LoadOptions:
     graphs: str = "auto"
     max_len: int = 4096
     cache_dir: str | os.PathLike | None = None
+    budget_gb: float | None = None
 
     def __post_init__(self):
         if self.graphs not in ("auto", "off", "inductor"):
@@ -54,7 +57,8 @@ class LoadOptions:
 
 def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOptions | None = None,
               progress: Progress | None = None, **settings) -> Pair:
-    """"bundled" (offline default), "tiny" (random, for tests), or a target and draft hub id / local dir, loaded as
+    """"bundled" (offline default), "tiny" (random, for tests), a target and draft GGUF model each (a path, an
+    Ollama name or a Hub repository's quant: sources.py), or a target and draft hub id / local dir, loaded as
     `options` say (or LoadOptions(**settings))."""
     if options is not None and settings:
         raise TypeError("load_pair takes options or their settings, not both")
@@ -64,7 +68,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOp
     dt = pick_dtype(o.dtype, dev)
     backend = ("inductor" if dev.type == "cuda" else "off") if o.graphs == "auto" else o.graphs
     quant = o.target_quant
-    if quant == "blocks" and target != "bundled":
+    if quant == "blocks" and not (target == "bundled" or is_gguf(target)):
         raise Refusal("blocks_bundled_only")
     as_built = target == "tiny"  # the tiny test pair runs as built: tests compare it with models built the same way
     if quant == "auto":
@@ -130,6 +134,12 @@ def read_models(target: str, draft: str | None, o: LoadOptions, quant: str, chea
                       "target": (TARGET.saved(root, "int8", kind), TARGET.sha256)}
     if draft is None:
         raise Refusal("custom_pair_ids")
+    if is_gguf(target) or is_gguf(draft):
+        from .gguf_pair import load_named
+        budget = float("inf") if o.budget_gb is None else o.budget_gb * 1e9
+        return load_named(target, draft, dev, dt, progress, o.cache_dir, exact=quant == "blocks",
+                          lazy=(quant == "int8" and dev.type == "cpu", cheap_draft and dev.type == "cpu"),
+                          budget_bytes=budget)
     return load_hub_pair(target, draft, dev, dt, progress), {}
 
 
@@ -163,12 +173,13 @@ def settle_on_cpu(pair: Pair, pack: bool) -> None:
 
 
 def auto_target_quant(target: str, device: torch.device) -> str:
-    """How a target computes by default: on CPUs exact, the bundled one on its GGUF's blocks where their AVX-512 VNNI
-    product runs (elsewhere the portable build would be slower than int8's products), others int8; the tiny test pair
-    and GPUs as loaded."""
+    """How a target computes by default: on CPUs exact, a GGUF target (the bundled one included) on its file's blocks
+    where their AVX-512 VNNI product runs (elsewhere the portable build would be slower than int8's products), others
+    int8; the tiny test pair and GPUs as loaded."""
     if device.type != "cpu" or target == "tiny":
         return "off"
-    return "blocks" if target == "bundled" and kquant_library()[1] == "avx512-vnni" else "int8"
+    gguf = target == "bundled" or is_gguf(target)
+    return "blocks" if gguf and kquant_library()[1] == "avx512-vnni" else "int8"
 
 
 def own_memory(model: torch.nn.Module) -> None:

@@ -6,7 +6,7 @@ import torch
 
 from specdec_core import SpecConfig, generate, load_pair
 from specdec_core.messages import Refusal
-from specdec_core.models import bundled
+from specdec_core.models import bundled, gguf_pair
 from specdec_core.models.tiny import tiny_models
 
 from ..conftest import with_eos
@@ -88,7 +88,7 @@ def test_the_parts_are_checked_against_the_pinned_sha256_before_they_are_read(tm
 def test_converted_copies_of_earlier_versions_are_removed_and_nothing_else(tmp_path):
     for name in (f"{bundled.TARGET.slug}-bfloat16", bundled.DRAFT.slug, f"{bundled.DRAFT.slug}-float32"):
         (tmp_path / name).mkdir()
-        (tmp_path / name / bundled.MANIFEST).write_text("{}")
+        (tmp_path / name / gguf_pair.MANIFEST).write_text("{}")
     (tmp_path / f"{bundled.TARGET.slug}-mine").mkdir()  # not ours: no manifest
     (tmp_path / "kernels").mkdir()
     # quantised files named before each dtype had its own (a float32 load overwrote the default's), and today's
@@ -139,10 +139,10 @@ def test_the_kept_tokenizer_is_read_only_while_its_files_match_their_digests(tmp
     from specdec_core.models.gguf_model import GGUF
 
     target = GGUF(bundled.checked_parts(bundled.TARGET))
-    made = bundled.tokenizer_of(target, tmp_path, bundled.TARGET.sha256)
+    made = gguf_pair.tokenizer_of(target, tmp_path, bundled.TARGET.sha256)
     vocabulary = next(tmp_path.glob("tokenizer-*")) / "tokenizer.json"
     whole, stamp = vocabulary.read_bytes(), vocabulary.stat().st_mtime_ns
-    kept = bundled.tokenizer_of(target, tmp_path, bundled.TARGET.sha256)
+    kept = gguf_pair.tokenizer_of(target, tmp_path, bundled.TARGET.sha256)
     text = "def prime(n):  # é, 中文 <|im_end|>"
     chat = [{"role": "user", "content": text}]
     assert kept.encode(text) == made.encode(text) and kept.decode(made.encode(text)) == text
@@ -150,7 +150,7 @@ def test_the_kept_tokenizer_is_read_only_while_its_files_match_their_digests(tmp
     assert (kept.eos_token_id, kept.pad_token_id, len(kept)) == (made.eos_token_id, made.pad_token_id, len(made))
     assert vocabulary.stat().st_mtime_ns == stamp  # read, not made again
     vocabulary.write_bytes(whole.replace(b'"def"', b'"dfe"', 1))
-    assert bundled.tokenizer_of(target, tmp_path, bundled.TARGET.sha256).encode(text) == made.encode(text)
+    assert gguf_pair.tokenizer_of(target, tmp_path, bundled.TARGET.sha256).encode(text) == made.encode(text)
     assert vocabulary.read_bytes() == whole
 
 

@@ -1,0 +1,322 @@
+"""Pairs of GGUF files a user names: tiny Qwen2 and Llama models written here as llama.cpp writes its files (every
+type a Q4_K_M, Q5_K_M, Q6_K or Q8_0 file holds, a tokenizer in the metadata), named by path, by a split file's first
+part, by an Ollama model folder and by a Hub repository's quant with the Hub offline."""
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from gguf import GGUFWriter, quants
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+from specdec_core import SpecConfig, generate, load_pair
+from specdec_core.messages import Refusal
+from specdec_core.models import gguf_model, kquant, sources
+
+from ...conftest import FLAT_COSTS
+from .test_gguf_model import GGUF_NAMES, needs_kernel
+from .test_int8 import logits_alone_and_in_a_pass
+
+MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("a", "n"), ("e", "r"), ("o", "n"), ("Ġ", "a"), ("r", "e"),
+          ("a", "t"), ("o", "r"), ("e", "n"), ("Ġ", "s"), ("e", "s"), ("i", "s")]
+TOKENS = [bytes_to_unicode()[i] for i in range(256)] + ["".join(m) for m in MERGES] + ["<|end|>"]  # 272
+Q4_K_M = {"attn_v": T.Q6_K, "ffn_down": T.Q6_K, "output": T.Q6_K}  # the rest Q4_K, as llama.cpp's Q4_K_M
+CPU = torch.device("cpu")
+
+
+def random_model(arch: str, seed: int, layers: int = 2):
+    torch.manual_seed(seed)
+    shape = dict(vocab_size=len(TOKENS), hidden_size=256, intermediate_size=512, num_hidden_layers=layers,
+                 num_attention_heads=4, num_key_value_heads=2, initializer_range=0.1, tie_word_embeddings=False,
+                 max_position_embeddings=4096, rms_norm_eps=1e-6, rope_parameters={"rope_theta": 10000.0, "rope_type": "default"})
+    config, model = (Qwen2Config, Qwen2ForCausalLM) if arch == "qwen2" else (LlamaConfig, LlamaForCausalLM)
+    model = model(config(**shape)).eval()
+    with torch.no_grad():  # confident, as a trained model mostly is: a draft like it guesses well
+        model.lm_head.weight.mul_(10)
+    return model
+
+
+def q5_k(w: torch.Tensor) -> np.ndarray:
+    """Q5_K blocks holding Q4_K's values: each 4-bit q doubled (5 bits), d halved (exact in float16)."""
+    q4 = kquant.quantise(w, 4).reshape(-1, 144).numpy()
+    d = (q4[:, :2].copy().view(np.float16) / 2).view(np.uint8)
+    nibbles = q4[:, 16:].reshape(-1, 4, 32)  # chunks of 64 values: the low nibbles the first 32, the high the next
+    q = np.stack([nibbles & 15, nibbles >> 4], 2) * 2  # [blocks, 4 chunks, 2 halves, 32]
+    qs = (q[:, :, 0] & 15 | (q[:, :, 1] & 15) << 4).reshape(-1, 128)
+    qh = sum((q[:, j, h] >> 4) << (2 * j + h) for j in range(4) for h in range(2))
+    return np.concatenate([d, q4[:, 2:16], qh, qs], 1).astype(np.uint8).reshape(len(w), -1)
+
+
+def file_values(model):
+    """A copy of the model holding the values its file holds (each weight through its type, in PyTorch's order:
+    the types are made row by row, so llama.cpp's order of rows makes the same values)."""
+    import copy
+
+    kinds = {**{k: T.Q4_K for k in gguf_model.HF_NAMES}, **Q4_K_M}
+    copied = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, module in copied.named_modules():
+            if isinstance(module, torch.nn.Linear) or name.endswith("embed_tokens"):
+                part = "output" if name == "lm_head" else "token_embd" if name.endswith("embed_tokens") else \
+                    GGUF_NAMES[".".join(name.split(".")[3:])]
+                data, kind = encoded(module.weight.float(), kinds.get(part, T.Q4_K))
+                module.weight.copy_(torch.from_numpy(quants.dequantize(data, kind)))
+    return copied
+
+
+def encoded(t: torch.Tensor, kind: T) -> tuple[np.ndarray, T]:
+    if kind in (T.Q4_K, T.Q6_K):
+        return kquant.quantise(t, 4 if kind == T.Q4_K else 6).numpy(), kind
+    if kind == T.Q5_K:
+        return q5_k(t), kind
+    return quants.quantize(t.numpy(), kind), kind
+
+
+def llama_cpp_rows(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """A query or key weight in llama.cpp's order: each head's two rotated halves interleaved."""
+    return t.reshape(heads, 2, t.shape[0] // heads // 2, -1).transpose(1, 2).reshape(t.shape)
+
+
+def write_gguf(model, path, kinds: dict | None = None, tokens: list[str] = TOKENS, shards: int = 1) -> list:
+    """The model as llama.cpp writes it: `kinds` {GGUF part name: type}, the rest Q4_K; in `shards` files as
+    gguf-split cuts them (path's name then ends -00001-of-0000N.gguf)."""
+    c, arch = model.config, model.config.model_type
+    kinds = Q4_K_M if kinds is None else kinds
+    tensors = []
+    for name, t in model.state_dict().items():
+        t, parts = t.detach().float(), name.split(".")
+        if name in ("model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"):
+            gname = {"model.embed_tokens.weight": "token_embd", "lm_head.weight": "output"}.get(name, "output_norm")
+        else:
+            gname = f"blk.{parts[2]}.{GGUF_NAMES['.'.join(parts[3:-1])]}"
+        part = gname.rpartition(".")[2]
+        if arch == "llama" and part in ("attn_q", "attn_k"):
+            t = llama_cpp_rows(t, c.num_attention_heads if part == "attn_q" else c.num_key_value_heads)
+        data = encoded(t, kinds.get(part, T.Q4_K)) if t.dim() == 2 else (t.numpy(), None)
+        tensors.append((f"{gname}.{parts[-1]}", *data))
+    paths = [path] if shards == 1 else [path.with_name(f"{path.stem}-{i:05d}-of-{shards:05d}.gguf") for i in range(1, shards + 1)]
+    per = -(-len(tensors) // shards)
+    for i, file in enumerate(paths):
+        w = GGUFWriter(file, arch)
+        if i == 0:
+            for key, value in (("block_count", c.num_hidden_layers), ("context_length", c.max_position_embeddings),
+                               ("embedding_length", c.hidden_size), ("feed_forward_length", c.intermediate_size),
+                               ("attention.head_count", c.num_attention_heads),
+                               ("attention.head_count_kv", c.num_key_value_heads)):
+                w.add_uint32(f"{arch}.{key}", value)
+            w.add_float32(f"{arch}.rope.freq_base", c.rope_parameters["rope_theta"])
+            w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
+            w.add_tokenizer_model("gpt2")
+            w.add_tokenizer_pre("qwen2")
+            w.add_token_list(tokens)
+            w.add_token_types([1] * (len(tokens) - 1) + [3])
+            w.add_token_merges([f"{a} {b}" for a, b in MERGES])
+            w.add_eos_token_id(len(tokens) - 1)
+        if shards > 1:
+            w.add_uint16("split.no", i)
+            w.add_uint16("split.count", shards)
+            w.add_int32("split.tensors.count", len(tensors))
+        for name, data, kind in tensors[i * per: (i + 1) * per]:
+            w.add_tensor(name, data, raw_dtype=kind)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+    return paths
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """{name: path}: Qwen2 and Llama targets and drafts (the draft a perturbed copy of its target, so that it
+    guesses well), a draft of another vocabulary, and a Llama target in two files."""
+    root = tmp_path_factory.mktemp("pairs")
+    out = {}
+    for arch in ("qwen2", "llama"):
+        target = random_model(arch, 1)
+        draft = random_model(arch, 1)
+        with torch.no_grad():
+            for p in draft.parameters():
+                p.add_(torch.randn_like(p) * 0.003)
+        out[f"{arch}-target"], out[f"{arch}-draft"] = root / f"{arch}-target.gguf", root / f"{arch}-draft.gguf"
+        write_gguf(target, out[f"{arch}-target"])
+        write_gguf(draft, out[f"{arch}-draft"])
+        out[f"{arch}-model"] = target
+    out["other-vocab"] = root / "other-vocab.gguf"
+    write_gguf(random_model("qwen2", 2), out["other-vocab"], tokens=TOKENS[:-2] + ["xy", "<|end|>"])
+    out["split"] = write_gguf(out["llama-model"], root / "split.gguf", shards=3)[0]
+    return out
+
+
+def greedy_same(pair, prompt: str = "the cat is in there", n: int = 24) -> list[int]:
+    pair = dataclasses.replace(pair, pass_costs=FLAT_COSTS, eos_ids=frozenset())
+    cfg = SpecConfig(k=4, max_new_tokens=n)
+    spec, plain = generate(pair, prompt, cfg), generate(pair, prompt, cfg, "autoregressive")
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.accepted > 0  # the draft's guesses were taken: its rounds ran
+    return spec.token_ids
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_a_pair_named_by_its_files_decodes_exactly_what_plain_decoding_does(made, arch, tmp_path):
+    needs_kernel()
+    pair = load_pair(str(made[f"{arch}-target"]), str(made[f"{arch}-draft"]), device="cpu", cache_dir=tmp_path)
+    assert pair.info.target_quant == "blocks" and pair.info.target == f"{arch}-target.gguf"
+    assert {m.kind for m in pair.target.modules() if isinstance(m, kquant.KQuantLinear)} == {4, 6}
+    assert pair.tokenizer.decode(pair.tokenizer("the cat is in there").input_ids) == "the cat is in there"
+    greedy_same(pair)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_the_target_computes_the_models_own_function(made, arch):
+    """Against PyTorch's model of the values written (Llama's query and key rows back in its order): int8 activations,
+    so close, not equal. A Llama read without undoing llama.cpp's row order computes another function."""
+    needs_kernel()
+    model = file_values(made[f"{arch}-model"])
+    ids = torch.tensor([[1, 5, 9, 200, 17, 4, 90, 33]])
+    with torch.inference_mode():
+        want = model(ids).logits
+        got = gguf_model.load_target(made[f"{arch}-target"])(ids).logits
+    assert ((got - want).norm() / want.norm()).item() < 0.06
+    if arch == "llama":
+        f = gguf_model.GGUF(made["llama-target"])
+        f.rotated_heads = lambda name: 0
+        with torch.inference_mode():
+            unordered = gguf_model.load_target(f)(ids).logits
+        assert ((unordered - want).norm() / want.norm()).item() > 0.2
+
+
+@pytest.mark.parametrize("kind", [T.Q4_0, T.Q5_0, T.Q8_0, T.Q5_K, T.Q6_K, T.F16, T.BF16, T.F32])
+def test_every_type_such_files_hold_loads_exact_in_steps_and_passes(kind, tmp_path):
+    """A Llama target and draft whose projections are all of `kind`: the values read are the file's (against gguf's
+    own dequantisation), and the target gives a position the same logits bits in a step and in any pass."""
+    needs_kernel()
+    model = random_model("llama", 3, layers=1)
+    kinds = {p: kind for p in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "output")}
+    path = write_gguf(model, tmp_path / "m.gguf", kinds)[0]
+    f = gguf_model.GGUF(path)
+    raw, file_kind, n, k = f.raw("blk.0.ffn_up.weight")
+    assert file_kind == kind
+    assert torch.equal(f.dense("blk.0.ffn_up.weight"),
+                       torch.from_numpy(quants.dequantize(raw.numpy().reshape(n, -1), kind).astype(np.float32)))
+    pair = load_pair(str(path), str(path), device="cpu", cache_dir=tmp_path)
+    for step in (None, pair.steps["target"]):  # as loaded, and its forwards written out (step.py)
+        alone, full, tree, branch_alone = logits_alone_and_in_a_pass(pair.target, pair.vocab, step=step)
+        assert torch.equal(alone, full) and torch.equal(tree, branch_alone)
+    greedy_same(pair)
+
+
+def test_a_model_split_by_gguf_split_is_read_from_its_first_part(made, tmp_path):
+    needs_kernel()
+    first = made["split"]
+    assert first.name == "split-00001-of-00003.gguf"
+    assert [p.name for p in sources.shards_of(first)] == ["split-00002-of-00003.gguf", "split-00003-of-00003.gguf"]
+    ids = torch.tensor([[1, 5, 9, 200]])
+    with torch.inference_mode():
+        whole = gguf_model.load_target(made["llama-target"])(ids).logits
+        split = gguf_model.load_target(gguf_model.GGUF(first, sources.shards_of(first)))(ids).logits
+    assert torch.equal(whole, split)
+    with pytest.raises(Refusal, match="later part"):
+        sources.gguf_files(str(first.with_name("split-00002-of-00003.gguf")))
+    with pytest.raises(ValueError, match="one of 3 files, read with 1"):
+        gguf_model.GGUF(first)
+    greedy_same(load_pair(str(first), str(made["llama-draft"]), device="cpu", cache_dir=tmp_path))
+
+
+def test_a_draft_of_another_vocabulary_is_refused_by_name_before_loading(made, tmp_path, monkeypatch):
+    monkeypatch.setattr(gguf_model, "load_target", lambda f: pytest.fail("the target was loaded"))
+    with pytest.raises(Refusal, match="different tokenizers") as err:
+        load_pair(str(made["qwen2-target"]), str(made["other-vocab"]), device="cpu", cache_dir=tmp_path)
+    assert "other-vocab.gguf" in str(err.value) and "qwen2-target.gguf" in str(err.value)
+
+
+def ollama_folder(root, name: str, tag: str, blob_of) -> None:
+    """Ollama's layout: a manifest per name and tag, each layer a blob named by its digest."""
+    layers = []
+    for media, data in (("application/vnd.ollama.image.template", b"{{ .Prompt }}"),
+                        ("application/vnd.ollama.image.model", blob_of.read_bytes())):
+        import hashlib
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        (root / "blobs").mkdir(parents=True, exist_ok=True)
+        (root / "blobs" / digest.replace(":", "-")).write_bytes(data)
+        layers.append({"mediaType": media, "digest": digest, "size": len(data)})
+    manifest = root / "manifests" / "registry.ollama.ai" / "library" / name / tag
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    manifest.write_text(json.dumps({"schemaVersion": 2, "layers": layers}))
+
+
+def test_ollama_models_are_read_from_their_blobs(made, tmp_path, monkeypatch):
+    needs_kernel()
+    root = tmp_path / "ollama"
+    ollama_folder(root, "tiny-qwen", "latest", made["qwen2-target"])
+    ollama_folder(root, "tiny-qwen", "draft", made["qwen2-draft"])
+    monkeypatch.setenv("OLLAMA_MODELS", str(root))
+    assert sources.gguf_files("ollama:tiny-qwen")[0].read_bytes() == made["qwen2-target"].read_bytes()
+    pair = load_pair("ollama:tiny-qwen", "ollama:tiny-qwen:draft", device="cpu", cache_dir=tmp_path / "cache")
+    assert pair.info.target == "ollama:tiny-qwen"
+    greedy_same(pair)
+    for name, said in (("ollama:nothing", "Ollama has no model nothing"), ("ollama:../x", "not an Ollama model name"),
+                       ("ollama:a/b/c/d", "not an Ollama model name")):
+        with pytest.raises(Refusal, match=said):
+            sources.gguf_files(name)
+    (root / "manifests" / "registry.ollama.ai" / "library" / "tiny-qwen" / "broken").write_text('{"layers": 3}')
+    with pytest.raises(Refusal, match="names no model file"):
+        sources.gguf_files("ollama:tiny-qwen:broken")
+
+
+def test_a_hub_repositorys_quant_is_read_from_the_hubs_cache_offline(made, tmp_path, monkeypatch):
+    """A cache laid out as huggingface_hub lays it out, with the Hub offline: the quant is picked by its name."""
+    needs_kernel()
+    from huggingface_hub import constants
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--someone--tiny-GGUF"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for quant, source in (("Q4_K_M", "qwen2-target"), ("Q8_0", "qwen2-draft")):
+        (snapshot / f"tiny-{quant}.gguf").write_bytes(made[source].read_bytes())
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert sources.gguf_files("someone/tiny-GGUF:q4_k_m")[0].name == "tiny-Q4_K_M.gguf"
+    pair = load_pair("someone/tiny-GGUF:q4_k_m", "someone/tiny-GGUF:Q8_0", device="cpu", cache_dir=tmp_path / "c")
+    greedy_same(pair)
+    with pytest.raises(Refusal, match="no GGUF file of quantisation q5_k_m"):
+        sources.gguf_files("someone/tiny-GGUF:q5_k_m")
+    with pytest.raises(Refusal, match="cache holds no GGUF files of someone/else"):
+        sources.gguf_files("someone/else:q4_k_m")
+
+
+def test_a_quant_is_one_model_or_refused():
+    files = ["a-Q4_K_M.gguf", "a-Q4_K_S.gguf", "b/x-q8_0-00001-of-00002.gguf", "b/x-q8_0-00002-of-00002.gguf", "README.md"]
+    assert sources.pick_quant(files, "r", "q4_k_m") == ["a-Q4_K_M.gguf"]
+    assert sources.pick_quant(files, "r", "Q8_0") == files[2:4]
+    with pytest.raises(Refusal, match="more than one model"):
+        sources.pick_quant(files + ["c-Q8_0.gguf"], "r", "q8_0")
+    assert sources.is_gguf("Qwen/Qwen2.5-7B-Instruct-GGUF:q4_k_m") and not sources.is_gguf("Qwen/Qwen2.5-7B-Instruct")
+    assert sources.is_local("ollama:qwen2.5:7b") and sources.is_local("/m/x.gguf") and not sources.is_local("a/b:q8_0")
+
+
+def test_what_is_not_a_model_is_refused_with_its_name(made, tmp_path):
+    (tmp_path / "junk.gguf").write_bytes(b"GGUF" + b"\0" * 64)
+    (tmp_path / "text.gguf").write_text("hello")
+    for name, said in ((tmp_path / "junk.gguf", "junk.gguf cannot be read as a model"),
+                       (tmp_path / "text.gguf", "text.gguf cannot be read as a model"),
+                       (tmp_path / "none.gguf", "No GGUF file at")):
+        with pytest.raises(Refusal, match=said):
+            load_pair(str(name), str(made["qwen2-draft"]), device="cpu", cache_dir=tmp_path)
+    with pytest.raises(Refusal, match="needs a GGUF draft"):
+        load_pair(str(made["qwen2-target"]), "Qwen/Qwen2.5-0.5B-Instruct", device="cpu", cache_dir=tmp_path)
+    with pytest.raises(Refusal, match="this server loads pairs up to 0 GB"):
+        load_pair(str(made["qwen2-target"]), str(made["qwen2-draft"]), device="cpu", cache_dir=tmp_path, budget_gb=1e-4)
+
+
+def test_where_the_blocks_product_cannot_run_a_named_pair_is_exact_in_int8(made, tmp_path):
+    """The way a CPU without AVX-512 VNNI (or without a compiler) runs a GGUF target: int8 weights from its values."""
+    pair = load_pair(str(made["llama-target"]), str(made["llama-draft"]), device="cpu", cache_dir=tmp_path,
+                     target_quant="int8")
+    assert pair.info.target_weights == "int8" and not any(isinstance(m, kquant.KQuantLinear) for m in pair.target.modules())
+    greedy_same(pair)

@@ -13,12 +13,14 @@ from specdec_core.models.files import begin_bundled
 def options(argv=None) -> argparse.Namespace:
     env = os.environ.get
     ap = argparse.ArgumentParser(description="Speculative decoding, live: a race against plain decoding.")
-    ap.add_argument("--pair", default=env("SPECDEC_PAIR", "bundled"), help="bundled | tiny | TARGET_ID,DRAFT_ID | none")
+    ap.add_argument("--pair", default=env("SPECDEC_PAIR", "bundled"), help="bundled | tiny | TARGET,DRAFT | none: TARGET and DRAFT Hub ids (safetensors), or "
+                         "GGUF models each: a path, ollama:NAME[:TAG], or a Hub repository's quant (OWNER/REPO:q4_k_m)")
     ap.add_argument("--host", default=env("SPECDEC_HOST", env("GRADIO_SERVER_NAME", "127.0.0.1")))
     ap.add_argument("--port", type=int, default=int(env("SPECDEC_PORT", env("GRADIO_SERVER_PORT", "7860"))))
     ap.add_argument("--share", action="store_true", default=env("SPECDEC_SHARE") == "1")
     ap.add_argument("--local-models", action="store_true", default=env("SPECDEC_LOCAL_MODELS") == "1",
-                    help="visitors may load model directories on this server (off by default)")
+                    help="visitors may load model directories, GGUF files and Ollama models on this server (off by "
+                         "default)")
     ap.add_argument("--device", default=env("SPECDEC_DEVICE", "auto"))
     ap.add_argument("--dtype", default=env("SPECDEC_DTYPE", "auto"))
     # ZeroGPU lends a GPU only inside spaces.GPU calls, so nothing can be compiled for it at start-up
@@ -26,8 +28,8 @@ def options(argv=None) -> argparse.Namespace:
     ap.add_argument("--graphs", default=env("SPECDEC_GRAPHS", "off" if zero_gpu else "auto"),
                     help="CUDA: compile decoding steps with CUDA graphs (auto = inductor on CUDA; off starts faster)")
     ap.add_argument("--target-quant", default=env("SPECDEC_TARGET_QUANT", "auto"), choices=TARGET_QUANTS,
-                    help="auto: on CPUs an exact target (greedy output always plain decoding's): the bundled one on its "
-                         "GGUF's Q4_K/Q6_K blocks, others int8; int8: int8 from its values; off: its values as loaded")
+                    help="auto: on CPUs an exact target (greedy output always plain decoding's): a GGUF target (the "
+                         "bundled one too) on its file's blocks, others int8; int8: int8 from its values; off: its values as loaded")
     ap.add_argument("--concurrency", type=int, default=int(env("SPECDEC_CONCURRENCY", "1")),
                     help="generations run at once (1 keeps timings fair on a CPU)")
     ap.add_argument("--queue-size", type=int, default=int(env("SPECDEC_QUEUE_SIZE", "32")))

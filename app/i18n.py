@@ -125,14 +125,22 @@ TEXT: dict[str, tuple[str, str]] = {
     # the pair's weights, in the status line
     "weights_int8": ("int8, exact: the same logits in a step and in a pass",
                      "int8, exato: os mesmos logits num passo e numa passada"),
-    "weights_blocks": ("Q4_K_M blocks of its GGUF file, exact: the same logits in a step and in a pass ({kernel})",
-                       "blocos Q4_K_M do seu arquivo GGUF, exato: os mesmos logits num passo e numa passada ({kernel})"),
+    "weights_blocks": ("Q4_K/Q6_K blocks from its GGUF file, exact: the same logits in a step and in a pass ({kernel})",
+                       "blocos Q4_K/Q6_K do seu arquivo GGUF, exato: os mesmos logits num passo e numa passada ({kernel})"),
     "weights_prepacked": (", prepacked", ", pré-empacotado"),
     # refusals of the app's own
     "pair_format": ("A custom pair is written TARGET_ID,DRAFT_ID (for example "
-                    "Qwen/Qwen2.5-1.5B-Instruct,Qwen/Qwen2.5-0.5B-Instruct).",
+                    "Qwen/Qwen2.5-1.5B-Instruct,Qwen/Qwen2.5-0.5B-Instruct); a GGUF pair names each model by its "
+                    "Hub repository and quant (Qwen/Qwen2.5-Coder-7B-Instruct-GGUF:q4_k_m), by path (model.gguf) or "
+                    "as ollama:NAME:TAG.",
                     "Um par próprio se escreve ID_ALVO,ID_RASCUNHO (por exemplo "
-                    "Qwen/Qwen2.5-1.5B-Instruct,Qwen/Qwen2.5-0.5B-Instruct)."),
+                    "Qwen/Qwen2.5-1.5B-Instruct,Qwen/Qwen2.5-0.5B-Instruct); um par GGUF dá cada modelo pelo "
+                    "repositório do Hub e a quantização (Qwen/Qwen2.5-Coder-7B-Instruct-GGUF:q4_k_m), pelo caminho "
+                    "(modelo.gguf) ou como ollama:NOME:TAG."),
+    "gguf_local_off": ("Paths and Ollama models are files on this server, which it reads only when started with "
+                       "--local-models.",
+                       "Caminhos e modelos do Ollama são arquivos deste servidor, que ele só lê quando iniciado com "
+                       "--local-models."),
     "model_gated": ("{model} is gated: accept its licence on the Hub and set HF_TOKEN.",
                     "{model} é restrito: aceite a licença no Hub e defina HF_TOKEN."),
     "model_remote_code": ("{model} needs custom (remote) code, which this app never runs.",

@@ -11,6 +11,7 @@ from typing import NamedTuple
 from specdec_core import load_pair
 from specdec_core.models import LoadOptions, dtype_name
 from specdec_core.models.load import release_freed_memory
+from specdec_core.models.sources import is_gguf, is_local
 from specdec_core.messages import Note, Refusal, cut
 from specdec_core.theory import expected_speedup
 from specdec_core.timing import probe_costs
@@ -102,7 +103,8 @@ class PairManager:
                  allowlist: frozenset[str] = frozenset(), graphs: str = "auto", probe: bool = True,
                  target_quant: str = "auto", allow_local: bool = False):
         # checked now: an operator's wrong option fails at start, not at a visitor's first load
-        self.options = LoadOptions(device=device, dtype=dtype, graphs=graphs, target_quant=target_quant)
+        self.options = LoadOptions(device=device, dtype=dtype, graphs=graphs, target_quant=target_quant,
+                                   budget_gb=MEMORY_BUDGET_GB)
         self.probe = probe
         self.allow_custom, self.allowlist, self.allow_local = allow_custom, allowlist, allow_local
         self.pair = None
@@ -161,7 +163,9 @@ class PairManager:
             if not self.allow_custom and self.pair is not None and wait > 0:
                 raise Said("load_wait", s=wait)
             self.loaded_at = time.monotonic()
-            if draft is not None:
+            if draft is not None and not local and any(map(is_local, (target, draft))):
+                raise Said("gguf_local_off")  # said before the disk is looked at: no answer tells what it holds
+            if draft is not None and not (is_gguf(target) or is_gguf(draft)):  # GGUF names: load_pair checks them
                 for model_id in (target, draft):
                     self.say("status_checking", model=model_id)
                     check_model_id(model_id, MEMORY_BUDGET_GB * 1e9, local)

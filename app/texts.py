@@ -96,7 +96,9 @@ mostra o primeiro token em que as saídas se separam e o logit do alvo para cada
         "tokens que o rascunho esperava ver aceitos ao lado dos que o alvo aceitou."),
     "pair_box": ("Model pair", "Par de modelos"),
     "pair": ("Model pair (target ← draft)", "Par de modelos (alvo ← rascunho)"),
-    "custom": ("…or custom TARGET_ID,DRAFT_ID", "…ou um par próprio ALVO_ID,RASCUNHO_ID"),
+    "custom": ("…or custom TARGET,DRAFT: Hub ids, or GGUF models (REPO:q4_k_m, model.gguf, ollama:NAME:TAG)",
+               "…ou um par próprio ALVO,RASCUNHO: ids do Hub, ou modelos GGUF (REPO:q4_k_m, modelo.gguf, "
+               "ollama:NOME:TAG)"),
     "load": ("Load pair", "Carregar par"),
     "prompt": ("Prompt", "Prompt"),
     "prompt_hint": ("Ask for some code, a summary, a translation…", "Peça um código, um resumo, uma tradução…"),

@@ -53,7 +53,7 @@ def test_local_dirs_with_only_pickle_weights_are_refused(tmp_path):
 
 @pytest.mark.parametrize("spec", ["", "onlyone", ",x", "a,"])
 def test_pair_specs_are_parsed_with_a_message(spec):
-    with pytest.raises(ValueError, match="TARGET_ID,DRAFT_ID"):
+    with pytest.raises(ValueError, match="TARGET_ID,DRAFT_ID.*ollama:NAME:TAG"):
         parse_spec(spec)
 
 
@@ -156,3 +156,19 @@ def test_the_pair_status_speaks_the_visitors_language():
         assert en != pt, name
     assert manager.status == manager.status_text("en")  # the English text stays for logs and the terminal
     assert "Carregando: joining (50%)" in status_html(manager, "Português (Brasil)")
+
+
+def test_gguf_files_on_the_servers_disk_are_read_only_where_the_operator_allows(tmp_path, monkeypatch):
+    """A path or an Ollama name is refused alike whether it exists or not (no answer tells what the disk holds),
+    unless the operator started the app with --local-models; a Hub quant needs the allowlist in hosted mode."""
+    from ..core.models.test_gguf_pairs import random_model, write_gguf
+
+    path = write_gguf(random_model("qwen2", 1), tmp_path / "m.gguf")[0]
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    manager = PairManager("cpu", "float32")
+    for spec in (f"{path},{path}", f"{tmp_path / 'none.gguf'},{path}", "ollama:qwen2.5,ollama:qwen2.5:0.5b"):
+        assert "--local-models" in manager.load(spec) and manager.pair is None
+    assert manager.load(f"{path},{path}", local=True).startswith("Ready")
+    assert manager.pair.info.target == "m.gguf"
+    hosted = PairManager("cpu", "float32", allow_custom=False, allowlist=frozenset({"a/b-GGUF:q4_k_m"}))
+    assert "not among them" in hosted.load("a/b-GGUF:q4_k_m,c/d-GGUF:q8_0")

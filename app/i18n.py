@@ -125,8 +125,8 @@ TEXT: dict[str, tuple[str, str]] = {
     # the pair's weights, in the status line
     "weights_int8": ("int8, exact: the same logits in a step and in a pass",
                      "int8, exato: os mesmos logits num passo e numa passada"),
-    "weights_blocks": ("Q4_K/Q6_K blocks from its GGUF file, exact: the same logits in a step and in a pass ({kernel})",
-                       "blocos Q4_K/Q6_K do seu arquivo GGUF, exato: os mesmos logits num passo e numa passada ({kernel})"),
+    "weights_blocks": ("the blocks of its GGUF file, exact: the same logits in a step and in a pass ({kernel})",
+                       "os blocos do seu arquivo GGUF, exato: os mesmos logits num passo e numa passada ({kernel})"),
     "weights_prepacked": (", prepacked", ", pré-empacotado"),
     # refusals of the app's own
     "pair_format": ("A custom pair is written TARGET_ID,DRAFT_ID (for example "
@@ -211,7 +211,7 @@ CORE_PT = {
     "blocks_bundled_only": "target_quant='blocks' roda um alvo GGUF nos blocos do seu próprio arquivo; outros alvos não "
                            "os têm.",
     "cpu_only": "target_quant={value} roda só em CPUs.",
-    "blocks_no_product": "target_quant='blocks' precisa do produto Q4_K/Q6_K, que não roda aqui: {why}",
+    "blocks_no_product": "target_quant='blocks' precisa do produto sobre blocos GGUF, que não roda aqui: {why}",
     "graphs_rows": "Passos compilados substituiriam a atenção linha a linha do alvo exato, e sua saída deixaria de ser "
                    "exatamente a da decodificação comum: rode-o com graphs='off'.",
     "gguf_missing": "Não há arquivo GGUF em {path}.",

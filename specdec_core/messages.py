@@ -30,7 +30,7 @@ MESSAGES = {
                          "needs one vocabulary.",
     "blocks_bundled_only": "target_quant='blocks' runs a GGUF target on its file's own blocks; other targets have none.",
     "cpu_only": "target_quant={value} runs on CPUs only.",
-    "blocks_no_product": "target_quant='blocks' needs the Q4_K/Q6_K product, which cannot run here: {why}",
+    "blocks_no_product": "target_quant='blocks' needs the product on GGUF blocks, which cannot run here: {why}",
     "graphs_rows": "Compiled steps would replace the exact target's row-by-row attention, and its output would no "
                    "longer be exactly plain decoding's: run it with graphs='off'.",
     "gguf_missing": "No GGUF file at {path}.",

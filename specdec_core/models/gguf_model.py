@@ -1,8 +1,8 @@
 """Qwen2 and Llama models read from GGUF files as they are: no converted copy on disk.
 
-The target keeps the file's Q4_K and Q6_K blocks (kquant.KQuantLinear, exact: the same logits in a step and in any
-pass); the draft's weights are dequantised in memory, in the dtype it runs in, and then quantised as every draft is
-(quant.cheapen_draft). Tensors are read through a memory map of the file.
+The target keeps the file's blocks (kquant.KQuantLinear, exact: the same logits in a step and in any pass): Q4_K, Q5_K,
+Q6_K and Q8_0 as they are, Q4_0 and Q5_0 as the same values in Q8_0, other types rounded to Q8_0. The draft's weights
+are dequantised in memory, in the dtype it runs in, and then quantised as every draft is (quant.cheapen_draft). Tensors are read through a memory map of the file.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from torch import nn
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers.initialization import no_init_weights
 
-from .kquant import GGML_TYPES, KQuantLinear, as_bytes, dequantise_rows, packed_size, quantise
+from .kquant import GGML_TYPES, ROW_KINDS, KQuantLinear, as_bytes, dequantise_rows, packed_size
 
 HF_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
@@ -199,20 +199,39 @@ def dequantise(raw: torch.Tensor, kind: int, n: int, k: int) -> torch.Tensor:
         return raw.view(torch.float32).reshape(n, k).clone()
     if kind == T.F16:
         return raw.view(torch.float16).reshape(n, k).float()
-    if kind in GGML_TYPES:
+    if GGML_TYPES.get(kind) in ROW_KINDS:
         return dequantise_rows(raw, GGML_TYPES[kind], k, torch.arange(n))
-    blocks = raw.reshape(n * k // 32, -1)
-    d = blocks[:, :2].contiguous().view(torch.float16).float()
-    if kind == T.Q8_0:  # d, 32 int8
-        q = blocks[:, 2:].contiguous().view(torch.int8).float()
-    elif kind == T.Q5_0:  # d, 32 high bits, 16 bytes of low nibbles (values 0-15 low, 16-31 high)
-        high = torch.from_numpy(np.unpackbits(blocks[:, 2:6].numpy(), axis=1, bitorder="little")) << 4
-        qs = blocks[:, 6:]
-        q = (torch.cat([qs & 15, qs >> 4], 1) | high).view(torch.int8) - 16
-    else:
-        values = gguf_quants.dequantize(raw.numpy().reshape(n, -1), T(kind))
-        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(n, k)
-    return (d * q.float()).reshape(n, k)
+    if kind in SMALL:
+        blocks = raw.reshape(n * k // 32, -1)
+        d = blocks[:, :2].contiguous().view(torch.float16).float()
+        return (d * small_ints(blocks, kind).float()).reshape(n, k)
+    values = gguf_quants.dequantize(raw.numpy().reshape(n, -1), T(kind))
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(n, k)
+
+
+SMALL = (T.Q4_0, T.Q5_0, T.Q8_0)  # blocks of 32 values d * q, q a small integer
+
+
+def small_ints(blocks: torch.Tensor, kind: int) -> torch.Tensor:
+    """The q of Q8_0 (d, 32 int8), Q5_0 (d, 32 high bits, 16 bytes of nibbles: values 0-15 low, 16-31 high) or Q4_0
+    (d, 16 bytes of nibbles) blocks [count, bytes] as int8 [count, 32]: for Q5_0 and Q4_0, q - 16 and q - 8."""
+    if kind == T.Q8_0:
+        return blocks[:, 2:].contiguous().view(torch.int8)
+    qs = blocks[:, -16:]
+    q = torch.cat([qs & 15, qs >> 4], 1)
+    if kind == T.Q5_0:
+        q = q | torch.from_numpy(np.unpackbits(blocks[:, 2:6].numpy(), axis=1, bitorder="little")) << 4
+    return q.view(torch.int8) - (16 if kind == T.Q5_0 else 8)
+
+
+def q8_0_of(raw: torch.Tensor, kind: int, n: int, k: int) -> torch.Tensor:
+    """A weight as Q8_0 blocks: Q4_0's and Q5_0's exactly (the same d, their q as int8), any other type's values
+    rounded to Q8_0 by gguf's quantiser (F16, BF16 and F32 weights, and types without a product here)."""
+    if kind in SMALL:
+        blocks = raw.reshape(n * k // 32, -1)
+        return torch.cat([blocks[:, :2], small_ints(blocks, kind).view(torch.uint8)], 1).reshape(-1)
+    values = dequantise(raw, kind, n, k).numpy()
+    return torch.from_numpy(gguf_quants.quantize(values, T.Q8_0)).reshape(-1)
 
 
 class RowsEmbedding(nn.Module):
@@ -292,25 +311,19 @@ def fill(model: nn.Module, f: GGUF, make_linear, make_embedding) -> nn.Module:
     return model.eval()
 
 
-def own_blocks(kind: int, n: int) -> bool:
-    """Whether a weight of GGML type `kind` with `n` outputs is computed on the file's own blocks."""
-    return kind in GGML_TYPES and n % 16 == 0
-
-
 def block_kind(f: GGUF, name: str) -> tuple[int, int, int]:
-    """(4 or 6: the Q4_K or Q6_K blocks a weight is computed on, outputs, inputs): the file's own blocks, or, for
-    another type, Q6_K."""
+    """(the kind of blocks a weight is computed on, outputs, inputs): its file's own, or for another type Q8_0's
+    (q8_0_of)."""
     kind, dims, _, _ = f.tensors[name]
-    n, k = int(dims[-1]), int(dims[0])
-    return (GGML_TYPES[kind] if own_blocks(kind, n) else 6), n, k
+    return GGML_TYPES.get(kind, 8), int(dims[-1]), int(dims[0])
 
 
 def blocks_of(f: GGUF, name: str) -> tuple[torch.Tensor, int, int, int]:
-    """A weight as Q4_K or Q6_K blocks: the file's own, or, for another type, its values as Q6_K blocks."""
+    """A weight as blocks of a kind kquant computes on: the file's own, or Q8_0 ones (q8_0_of)."""
     raw, kind, n, k = f.raw(name)
-    if own_blocks(kind, n):
+    if kind in GGML_TYPES:
         return raw, GGML_TYPES[kind], n, k
-    return quantise(dequantise(raw, kind, n, k), 6).reshape(-1), 6, n, k
+    return q8_0_of(raw, kind, n, k), 8, n, k
 
 
 TOGETHER = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))  # what a step computes in one product (step.py)

@@ -1,11 +1,14 @@
-/* The target's product on the GGUF's own Q4_K and Q6_K blocks, y = x W^T + bias, and its rows' attention (below).
+/* The target's product on the GGUF's own blocks, y = x W^T + bias, and its rows' attention (below).
 
    A block holds 256 inputs of one output. Q4_K: w = d * sc[j] * q - dmin * m[j], q in 0..15, eight sub-blocks j of 32
-   inputs with 6-bit sc and m. Q6_K: w = d * sc[j] * (q - 32), q in 0..63, sixteen sub-blocks of 16 with int8 sc.
+   inputs with 6-bit sc and m; Q5_K the same with q in 0..31. Q6_K: w = d * sc[j] * (q - 32), q in 0..63, sixteen
+   sub-blocks of 16 with int8 sc. Q8 (kind 8): w = d[j] * q, q in -128..127, eight sub-blocks of 32 each with its own
+   float16 d: GGUF's Q8_0 blocks, and its Q4_0 and Q5_0 ones, whose q - 8 and q - 16 are such q with the same d.
    Each row of x is rounded to int8 per block of 256 (xq = rint(x * 127 / amax), dx = amax / 127), so a block's
    contribution is an integer sum, exact in any order, turned into floats by the same few operations for every row:
        Q4_K: acc += (d * float(sum_j sc_j * dot_j) - dmin * float(sum_j m_j * xsum_j)) * dx
        Q6_K: acc += (d * float(sum_j sc_j * dot_j - 32 * sum_j sc_j * xsum_j)) * dx
+       Q8:   acc += (((d_0 * float(dot_0)) + d_1 * float(dot_1)) + ... + d_7 * float(dot_7)) * dx
    over the blocks in order, then + bias. A row's output is therefore the same, bit for bit, whatever rows come
    with it: that is what lets a verification pass reproduce a one-token step.
 
@@ -13,8 +16,11 @@
    activation's 4 bytes are broadcast. Per 16 outputs and block, lossless (the same numbers as the file's):
      Q4_K, 2368 bytes: d[16] fp16, dmin[16] fp16, sc pairs [4][16][2] u8, m pairs [4][16][2] u8,
                        qs [32][16 outputs][4]: byte (o, t) of chunk c holds q[o][8c + t] low, q[o][8c + 4 + t] high.
+     Q5_K, 2880 bytes: Q4_K's, then qh [8][16][4]: byte (o, t) of sub-block j holds the fifth bit of q[o][32j + 8i + t]
+                       at bit 2i and of q[o][32j + 8i + 4 + t] at bit 2i + 1.
      Q6_K, 3360 bytes: d[16] fp16, sc pairs [8][16][2] int8, the low nibbles as Q4_K's qs,
                        qh [16][16][4]: byte (o, t) of sub-block s holds the high 2 bits of q[o][16s + 4i + t] at 2i.
+     Q8,   4352 bytes: d [8][16] fp16, q + 128 as unsigned bytes [64][16 outputs][4]: word c holds q[o][4c..4c + 4).
    Built with AVX-512 VNNI (vpdpbusd: weights as unsigned bytes, activations signed) where the CPU has it, else as
    portable C. Both compute the same integers and the same float operations, so both give the same bits. */
 #include <math.h>
@@ -26,9 +32,13 @@
 
 #define QK 256
 #define Q4_RAW 144
+#define Q5_RAW 176
 #define Q6_RAW 210
+#define Q8_RAW 272 /* eight Q8_0 blocks of 32: d, 32 int8 */
 #define Q4_PACKED 2368
+#define Q5_PACKED 2880
 #define Q6_PACKED 3360
+#define Q8_PACKED 4352
 #define ROWS 9
 #define AHEAD 2048 /* Q4_K: bytes of weights prefetched ahead: hardware prefetching alone leaves the loads waiting */
 
@@ -99,7 +109,8 @@ static uint32_t nibble_word(const uint8_t* at, int high) {
     return high ? ((a >> 4) & low) | (b & ~low) : (a & low) | ((b & low) << 4);
 }
 
-static void pack_q4(const uint8_t* src, int o, uint8_t* dst) {
+/* Q4_K, or Q5_K (qs: its nibbles' offset in the block, 48; its fifth bits after Q4_K's layout) */
+static void pack_q4(const uint8_t* src, int o, uint8_t* dst, int qs) {
     uint8_t sc[8], m[8];
     q4_scales(src, sc, m);
     memcpy(dst + 2 * o, src, 2);            /* d */
@@ -110,8 +121,27 @@ static void pack_q4(const uint8_t* src, int o, uint8_t* dst) {
     }
     for (int c = 0; c < 32; c++) {  /* values 64g + l: byte l of qs[32g..) low (l < 32), byte l - 32 high */
         const int g = c / 8, l = 8 * (c % 8);
-        const uint32_t w = nibble_word(src + 16 + 32 * g + l % 32, l >= 32);
+        const uint32_t w = nibble_word(src + qs + 32 * g + l % 32, l >= 32);
         memcpy(dst + 320 + c * 64 + o * 4, &w, 4);
+    }
+    if (qs == 16) return;
+    /* Q5_K's fifth bit of value 64g + 32h + l is bit 2g + h of qh[l] */
+    for (int j = 0; j < 8; j++)
+        for (int t = 0; t < 4; t++) {
+            uint8_t byte = 0;
+            for (int i = 0; i < 4; i++)
+                for (int h = 0; h < 2; h++) {
+                    const int v = 32 * j + 8 * i + 4 * h + t;
+                    byte |= ((src[16 + v % 32] >> (2 * (v / 64) + (v % 64) / 32)) & 1) << (2 * i + h);
+                }
+            dst[Q4_PACKED + j * 64 + o * 4 + t] = byte;
+        }
+}
+
+static void pack_q8(const uint8_t* src, int o, uint8_t* dst) {
+    for (int j = 0; j < 8; j++) {
+        memcpy(dst + j * 32 + 2 * o, src + 34 * j, 2);
+        for (int k = 0; k < 32; k++) dst[256 + (8 * j + k / 4) * 64 + o * 4 + k % 4] = (uint8_t)((int8_t)src[34 * j + 2 + k] + 128);
     }
 }
 
@@ -134,17 +164,22 @@ static void pack_q6(const uint8_t* src, int o, uint8_t* dst) {
     }
 }
 
-/* raw: N outputs, each K / 256 blocks in the file's layout; out: the packed layout. kind 4 (Q4_K) or 6 (Q6_K). */
+static int raw_size(int kind) { return kind == 4 ? Q4_RAW : kind == 5 ? Q5_RAW : kind == 6 ? Q6_RAW : Q8_RAW; }
+static int packed_size(int kind) { return kind == 4 ? Q4_PACKED : kind == 5 ? Q5_PACKED : kind == 6 ? Q6_PACKED : Q8_PACKED; }
+
+/* raw: N outputs, each K / 256 blocks in the file's layout; out: the packed layout. kind 4 (Q4_K), 5 (Q5_K),
+   6 (Q6_K) or 8 (Q8_0). */
 void kquant_pack(const uint8_t* raw, int N, int K, int kind, uint8_t* out) {
-    const int nb = K / QK, raw_size = kind == 4 ? Q4_RAW : Q6_RAW, size = kind == 4 ? Q4_PACKED : Q6_PACKED;
+    const int nb = K / QK, raw_bytes = raw_size(kind), size = packed_size(kind);
     #pragma omp parallel for schedule(static)
     for (int g = 0; g < N / 16; g++)
         for (int b = 0; b < nb; b++)
             for (int o = 0; o < 16; o++) {
-                const uint8_t* src = raw + ((size_t)(g * 16 + o) * nb + b) * raw_size;
+                const uint8_t* src = raw + ((size_t)(g * 16 + o) * nb + b) * raw_bytes;
                 uint8_t* dst = out + ((size_t)g * nb + b) * size;
-                if (kind == 4) pack_q4(src, o, dst);
-                else pack_q6(src, o, dst);
+                if (kind == 4 || kind == 5) pack_q4(src, o, dst, kind == 4 ? 16 : 48);
+                else if (kind == 6) pack_q6(src, o, dst);
+                else pack_q8(src, o, dst);
             }
 }
 
@@ -229,11 +264,17 @@ INLINE __m512i dpw(__m512i acc, __m512i w, const int32_t* p) {
     return acc;
 }
 
-/* 16 outputs (group g) for `rows` rows from m0; acc holds a float vector a row */
-INLINE void q4_tile(const uint8_t* w, int nb, const Rows* x, int K, int m0, const int rows, __m512* acc) {
+/* each byte's bit `from` moved to bit 4 (a 16-bit shift: within its byte for these distances), the rest cleared */
+INLINE __m512i bit4(__m512i v, const int from) {
+    const __m512i fifth = _mm512_set1_epi8(16);
+    return _mm512_and_si512(from <= 4 ? _mm512_slli_epi16(v, 4 - from) : _mm512_srli_epi16(v, from - 4), fifth);
+}
+
+/* 16 outputs (group g) for `rows` rows from m0 (five: Q5_K, Q4_K's with a fifth bit); acc holds a float vector a row */
+INLINE void q4_tile(const uint8_t* w, int nb, const Rows* x, int K, int m0, const int rows, __m512* acc, const int five) {
     const __m512i low = _mm512_set1_epi8(15), half = _mm512_set1_epi32(0xffff);
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
-    for (int b = 0; b < nb; b++, w += Q4_PACKED) {
+    for (int b = 0; b < nb; b++, w += five ? Q5_PACKED : Q4_PACKED) {
         __m512i isum[ROWS];
         for (int r = 0; r < rows; r++) isum[r] = _mm512_setzero_si512();
         for (int p = 0; p < 4; p++) {
@@ -243,10 +284,16 @@ INLINE void q4_tile(const uint8_t* w, int nb, const Rows* x, int K, int m0, cons
                 const __m512i sc = h ? _mm512_srli_epi32(scs, 16) : _mm512_and_si512(scs, half);
                 __m512i dot[ROWS];
                 for (int r = 0; r < rows; r++) dot[r] = _mm512_setzero_si512();
+                const __m512i qh = five ? _mm512_loadu_si512(w + Q4_PACKED + j * 64) : _mm512_setzero_si512();
                 for (int c = 4 * j; c < 4 * j + 4; c++) {
                     _mm_prefetch((const char*)(w + 320 + c * 64 + AHEAD), _MM_HINT_T0);
                     const __m512i v = _mm512_loadu_si512(w + 320 + c * 64);
-                    const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                    __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                    if (five) {
+                        const int i = c - 4 * j;
+                        lo = _mm512_or_si512(lo, bit4(qh, 2 * i));
+                        hi = _mm512_or_si512(hi, bit4(qh, 2 * i + 1));
+                    }
                     for (int r = 0; r < rows; r++) {
                         const int32_t* xr = (const int32_t*)(x->q + (size_t)(m0 + r) * K + b * QK + 8 * c);
                         dot[r] = dpb(dot[r], lo, xr);
@@ -271,7 +318,8 @@ INLINE void q4_tile(const uint8_t* w, int nb, const Rows* x, int K, int m0, cons
     }
 }
 
-INLINE void q6_tile(const uint8_t* w, int nb, const Rows* x, int K, int m0, const int rows, __m512* acc) {
+INLINE void q6_tile(const uint8_t* w, int nb, const Rows* x, int K, int m0, const int rows, __m512* acc, const int unused) {
+    (void)unused;
     const __m512i low = _mm512_set1_epi8(15), crumbs02 = _mm512_set1_epi8(0x33), crumbs13 = _mm512_set1_epi8((char)0xCC);
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++, w += Q6_PACKED) {
@@ -321,16 +369,44 @@ INLINE void q6_tile(const uint8_t* w, int nb, const Rows* x, int K, int m0, cons
     }
 }
 
-#define CASE(fn, n) case n: fn(w, nb, x, K, m0, n, acc); break;
-#define TILE(fn) switch (rows) { CASE(fn, 1) CASE(fn, 2) CASE(fn, 3) CASE(fn, 4) CASE(fn, 5) CASE(fn, 6) CASE(fn, 7) \
-                                 CASE(fn, 8) default: fn(w, nb, x, K, m0, ROWS, acc); }
+INLINE void q8_tile(const uint8_t* w, int nb, const Rows* x, int K, int m0, const int rows, __m512* acc, const int unused) {
+    (void)unused;
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++, w += Q8_PACKED) {
+        __m512 block[ROWS];
+        for (int r = 0; r < rows; r++) block[r] = _mm512_setzero_ps();
+        for (int j = 0; j < 8; j++) {
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(w + j * 32)));
+            __m512i dot[ROWS];
+            for (int r = 0; r < rows; r++) dot[r] = _mm512_setzero_si512();
+            for (int c = 8 * j; c < 8 * j + 8; c++) {
+                _mm_prefetch((const char*)(w + 256 + c * 64 + AHEAD), _MM_HINT_T0);
+                const __m512i v = _mm512_loadu_si512(w + 256 + c * 64);
+                for (int r = 0; r < rows; r++) dot[r] = dpb(dot[r], v, (const int32_t*)(x->q + (size_t)(m0 + r) * K + b * QK + 4 * c));
+            }
+            for (int r = 0; r < rows; r++) {  /* (q + 128) . x - 128 * sum(x) */
+                const int32_t pair = x->p32[((size_t)(m0 + r) * nb + b) * 4 + j / 2];
+                const int xsum = (int16_t)(j % 2 ? (uint32_t)pair >> 16 : (uint32_t)pair & 0xffff);
+                const __m512i isum = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(128 * xsum));
+                block[r] = _mm512_add_ps(block[r], _mm512_mul_ps(d, _mm512_cvtepi32_ps(isum)));
+            }
+        }
+        for (int r = 0; r < rows; r++)
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(block[r], _mm512_set1_ps(x->dx[(size_t)(m0 + r) * nb + b])));
+    }
+}
+
+#define CASE(fn, n, f) case n: fn(w, nb, x, K, m0, n, acc, f); break;
+#define TILE(fn, f) switch (rows) { CASE(fn, 1, f) CASE(fn, 2, f) CASE(fn, 3, f) CASE(fn, 4, f) CASE(fn, 5, f) \
+                                    CASE(fn, 6, f) CASE(fn, 7, f) CASE(fn, 8, f) default: fn(w, nb, x, K, m0, ROWS, acc, f); }
 
 static void group(const uint8_t* w, int nb, const Rows* x, int K, int M, int kind, const float* bias, float* y, int N, int g) {
     const int tiles = (M + ROWS - 1) / ROWS;  /* as even as they can be: each tile unpacks the weights once */
     for (int t = 0, m0 = 0; t < tiles; t++) {
         const int rows = M / tiles + (t < M % tiles);
         __m512 acc[ROWS];
-        if (kind == 4) { TILE(q4_tile) } else { TILE(q6_tile) }
+        if (kind == 4) { TILE(q4_tile, 0) } else if (kind == 5) { TILE(q4_tile, 1) } else if (kind == 6) { TILE(q6_tile, 0) }
+        else { TILE(q8_tile, 0) }
         for (int r = 0; r < rows; r++) {
             __m512 v = acc[r];
             if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + g * 16));
@@ -342,8 +418,20 @@ static void group(const uint8_t* w, int nb, const Rows* x, int K, int M, int kin
 
 #else  /* portable C: the same integers and float operations, one output lane at a time */
 
+/* Q8: the same integers and float operations as q8_tile */
+static float q8_block(const uint8_t* blk, const int8_t* xq, const int32_t* p32, int o) {
+    float v = 0.f;
+    for (int j = 0; j < 8; j++) {
+        int32_t dot = 0;
+        for (int k = 32 * j; k < 32 * j + 32; k++) dot += blk[256 + (k / 4) * 64 + o * 4 + k % 4] * xq[k];
+        const int xsum = (int16_t)(j % 2 ? (uint32_t)p32[j / 2] >> 16 : (uint32_t)p32[j / 2] & 0xffff);
+        v = v + half_to_float(((const uint16_t*)blk)[j * 16 + o]) * (float)(dot - 128 * xsum);
+    }
+    return v;
+}
+
 static void group(const uint8_t* w, int nb, const Rows* x, int K, int M, int kind, const float* bias, float* y, int N, int g) {
-    const int size = kind == 4 ? Q4_PACKED : Q6_PACKED;
+    const int size = packed_size(kind);
     for (int m = 0; m < M; m++) {
         float acc[16] = {0};
         for (int b = 0; b < nb; b++) {
@@ -353,17 +441,23 @@ static void group(const uint8_t* w, int nb, const Rows* x, int K, int M, int kin
             const int32_t* p32 = x->p32 + ((size_t)m * nb + b) * 4;
             const float dx = x->dx[(size_t)m * nb + b];
             for (int o = 0; o < 16; o++) {
+                if (kind == 8) {
+                    acc[o] = acc[o] + q8_block(blk, xq, p32, o) * dx;
+                    continue;
+                }
                 int32_t isum = 0, msum = 0;
-                const uint8_t* nib = blk + (kind == 4 ? 320 : 288);
+                const int k_quant = kind != 6;  /* Q4_K or Q5_K */
+                const uint8_t* nib = blk + (k_quant ? 320 : 288);
                 for (int k = 0; k < QK; k++) {
                     const int c = k / 8, t = k % 4, high = (k % 8) >= 4;
                     int q = (nib[c * 64 + o * 4 + t] >> (4 * high)) & 15;
+                    if (kind == 5) q |= ((blk[Q4_PACKED + (k / 32) * 64 + o * 4 + t] >> (2 * ((k % 32) / 8) + high)) & 1) << 4;
                     if (kind == 6) q |= ((blk[2336 + (k / 16) * 64 + o * 4 + t] >> (2 * ((k % 16) / 4))) & 3) << 4;
-                    const int j = kind == 4 ? k / 32 : k / 16;
-                    const int sc = kind == 4 ? blk[64 + (j / 2) * 32 + o * 2 + j % 2] : (int8_t)blk[32 + (j / 2) * 32 + o * 2 + j % 2];
+                    const int j = k_quant ? k / 32 : k / 16;
+                    const int sc = k_quant ? blk[64 + (j / 2) * 32 + o * 2 + j % 2] : (int8_t)blk[32 + (j / 2) * 32 + o * 2 + j % 2];
                     isum += sc * q * xq[k];
                 }
-                if (kind == 4) {
+                if (k_quant) {
                     for (int p = 0; p < 4; p++)
                         msum += blk[192 + p * 32 + o * 2] * (int16_t)(p32[p] & 0xffff) + blk[192 + p * 32 + o * 2 + 1] * (int16_t)(p32[p] >> 16);
                     const float d = half_to_float(((const uint16_t*)blk)[o]), dmin = half_to_float(((const uint16_t*)blk)[16 + o]);
@@ -386,7 +480,7 @@ static void group(const uint8_t* w, int nb, const Rows* x, int K, int M, int kin
 /* w: the packed weights [N / 16][K / 256][block]; x [M][K], y [M][N] float32; bias [N] or NULL.
    Returns 0, or -1 when memory for the rounded rows could not be had. */
 int kquant_mm(const uint8_t* w, int kind, const float* bias, const float* x, int M, int N, int K, float* y, int threads) {
-    const int nb = K / QK, size = kind == 4 ? Q4_PACKED : Q6_PACKED;
+    const int nb = K / QK, size = packed_size(kind);
     Rows r = {malloc((size_t)M * K), malloc(sizeof(float) * (size_t)M * nb),
               malloc(sizeof(int32_t) * (size_t)M * nb * 8), malloc(sizeof(int32_t) * (size_t)M * nb * 4)};
     if (!r.q || !r.dx || !r.p16 || !r.p32) { free(r.q); free(r.dx); free(r.p16); free(r.p32); return -1; }

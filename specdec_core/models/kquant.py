@@ -1,10 +1,12 @@
-"""The target's products on a GGUF's own Q4_K and Q6_K blocks (kquant.c), built on first use (native.py).
+"""The target's products on a GGUF's own blocks (kquant.c), built on first use (native.py): Q4_K, Q5_K and Q6_K, and
+Q8_0 (Q4_0 and Q5_0 moved into it losslessly: the same values, read at 8.5 bits a weight).
 
 The file's weights are read as they are: repacked once at load, losslessly, so that a vector lane is an output,
 never turned into another precision. A row of activations is rounded to int8 per block of 256; every block's
 integer sum is exact, and its float operations are the same for a row whatever rows come with it, so a position's
-logits are the same, bit for bit, in a one-token step and in any verification pass. The product reads 4.5 (Q4_K)
-or 6.6 (Q6_K) bits a weight: a decoding step, which waits on memory, reads no more than the file holds.
+logits are the same, bit for bit, in a one-token step and in any verification pass. The product reads 4.5 (Q4_K),
+5.6 (Q5_K), 6.6 (Q6_K) or 8.5 (Q8_0) bits a weight: a decoding step, which waits on memory, reads no more than a
+Q4_K_M, Q5_K_M, Q6_K or Q8_0 file holds.
 
 The exact target's attention is here too (`attention`): each row of a pass computed alone, as a step computes it.
 
@@ -25,9 +27,11 @@ from .native import AVX512_VNNI, AVX512_VNNI_FLAGS, cpu_flags, load
 SOURCE = Path(__file__).with_name("kquant.c")
 COMMON = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-lm"]
 QK = 256
-RAW = {4: 144, 6: 210}  # bytes of a block in the file: Q4_K, Q6_K
-PACKED = {4: 2368, 6: 3360}  # bytes of 16 outputs' blocks in the packed layout
-GGML_TYPES = {12: 4, 14: 6}  # GGML's type numbers of Q4_K and Q6_K
+RAW = {4: 144, 5: 176, 6: 210, 8: 272}  # bytes of 256 inputs in the file: Q4_K, Q5_K, Q6_K, eight Q8_0 blocks
+PACKED = {4: 2368, 5: 2880, 6: 3360, 8: 4352}  # bytes of 16 outputs' 256 inputs in the packed layout
+GGML_TYPES = {12: 4, 13: 5, 14: 6, 8: 8}  # GGML's type numbers of Q4_K, Q5_K, Q6_K, Q8_0: the kinds computed on
+NAMES = {4: "Q4_K", 5: "Q5_K", 6: "Q6_K", 8: "Q8_0"}
+ROW_KINDS = (4, 6)  # the kinds whose rows kquant_rows reads (an embedding's)
 
 
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -46,7 +50,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 def library() -> tuple[ctypes.CDLL | None, str]:
     """(the kernel, its build: "avx512-vnni" or "portable") or (None, why there is none)."""
     vnni = AVX512_VNNI <= cpu_flags()
-    lib, why = load(SOURCE, COMMON + (AVX512_VNNI_FLAGS if vnni else []), set(), "the target's Q4_K/Q6_K product cannot be "
+    lib, why = load(SOURCE, COMMON + (AVX512_VNNI_FLAGS if vnni else []), set(), "the target's product on GGUF blocks cannot be "
                     "built: {why}")
     return (bind(lib), "avx512-vnni" if vnni else "portable") if lib is not None else (None, why)
 
@@ -54,7 +58,7 @@ def library() -> tuple[ctypes.CDLL | None, str]:
 def kernel() -> ctypes.CDLL:
     lib, why = library()
     if lib is None:
-        raise RuntimeError(f"The Q4_K/Q6_K product is not available: {why}")
+        raise RuntimeError(f"The product on GGUF blocks is not available: {why}")
     return lib
 
 
@@ -80,11 +84,11 @@ def product(packed: torch.Tensor, kind: int, x: torch.Tensor, n: int, bias: torc
     x = x.float().contiguous()
     if packed.dtype != torch.uint8 or packed.numel() != packed_size(kind, n, x.shape[1]) \
             or (bias is not None and (bias.dtype != torch.float32 or bias.numel() != n or not bias.is_contiguous())):
-        raise ValueError("the Q4_K/Q6_K product's weights, rows and bias do not match")
+        raise ValueError("the blocks product's weights, rows and bias do not match")
     y = torch.empty(len(x), n)
     if (lib or kernel()).kquant_mm(packed.data_ptr(), kind, None if bias is None else bias.data_ptr(), x.data_ptr(),
                                    len(x), n, x.shape[1], y.data_ptr(), torch.get_num_threads()):
-        raise MemoryError("no memory for the Q4_K/Q6_K product's rounded rows")
+        raise MemoryError("no memory for the blocks product's rounded rows")
     return y
 
 
@@ -128,15 +132,15 @@ def as_bytes(raw) -> torch.Tensor:
 
 def check_shape(kind: int, out_features: int, in_features: int, raw: torch.Tensor) -> None:
     if kind not in RAW or in_features % QK or out_features % 16:
-        raise ValueError(f"a Q{kind}_K product needs inputs a multiple of {QK} and outputs of 16, got "
+        raise ValueError(f"a {NAMES.get(kind, kind)} product needs inputs a multiple of {QK} and outputs of 16, got "
                          f"[{out_features}, {in_features}]")
     if raw.dtype != torch.uint8 or raw.numel() != out_features * in_features // QK * RAW[kind]:
-        raise ValueError(f"Q{kind}_K weights [{out_features}, {in_features}] take "
+        raise ValueError(f"{NAMES[kind]} weights [{out_features}, {in_features}] take "
                          f"{out_features * in_features // QK * RAW[kind]} bytes, got {raw.numel()} of {raw.dtype}")
 
 
 class KQuantLinear(nn.Module):
-    """A Linear on Q4_K or Q6_K blocks (the file's bytes, [out, in / 256 blocks]); float32 in and out. into: where
+    """A Linear on blocks of one of the kinds (the file's bytes, [out, in / 256 inputs]); float32 in and out. into: where
     to pack them (a slice of a buffer shared with the projections computed with it)."""
 
     def __init__(self, raw, kind: int, in_features: int, out_features: int, bias: torch.Tensor | None = None,
@@ -161,7 +165,7 @@ def dequantise_rows(raw: torch.Tensor, kind: int, in_features: int, ids: torch.T
     raw = raw.contiguous()
     ids = ids.to(torch.int64).contiguous()
     n = raw.numel() // (in_features // QK * RAW[kind])
-    if raw.dtype != torch.uint8 or in_features % QK or (len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= n)):
+    if kind not in ROW_KINDS or raw.dtype != torch.uint8 or in_features % QK or (len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= n)):
         raise ValueError(f"rows of Q{kind}_K weights [{n}, {in_features}] asked for outside them, or weights of another type")
     if library()[0] is None:  # no compiler: the same arithmetic in PyTorch
         return rows_in_torch(raw, kind, in_features, ids)

@@ -152,7 +152,7 @@ class Int4Product:
 
 
 class KQuantProduct:
-    """Several Q4_K/Q6_K projections of one input: one product for each run of one kind, their packed weights
+    """Several projections on GGUF blocks of one input: one product for each run of one kind, their packed weights
     concatenated (packed side by side at load, gguf_model.load_target: joined where they lie). A group of 16 outputs
     is computed alone (kquant.c), so each output is the same bits either way."""
 

@@ -24,7 +24,7 @@ Q6 = ("attn_v", "ffn_down")  # as in a Q4_K_M file: these in Q6_K (with the head
 
 def needs_kernel():
     if kquant.library()[0] is None:
-        pytest.skip(f"the Q4_K/Q6_K product cannot be built here: {kquant.library()[1]}")
+        pytest.skip(f"the product on GGUF blocks cannot be built here: {kquant.library()[1]}")
 
 
 def random_model(seed: int, vocab: int = 272) -> Qwen2ForCausalLM:

@@ -188,20 +188,28 @@ def test_the_target_computes_the_models_own_function(made, arch):
         assert ((unordered - want).norm() / want.norm()).item() > 0.2
 
 
-@pytest.mark.parametrize("kind", [T.Q4_0, T.Q5_0, T.Q8_0, T.Q5_K, T.Q6_K, T.F16, T.BF16, T.F32])
+COMPUTED_AS = {T.Q4_0: 8, T.Q5_0: 8, T.Q8_0: 8, T.Q5_K: 5, T.Q6_K: 6, T.F16: 8, T.BF16: 8, T.F32: 8}
+
+
+@pytest.mark.parametrize("kind", list(COMPUTED_AS))
 def test_every_type_such_files_hold_loads_exact_in_steps_and_passes(kind, tmp_path):
     """A Llama target and draft whose projections are all of `kind`: the values read are the file's (against gguf's
-    own dequantisation), and the target gives a position the same logits bits in a step and in any pass."""
+    own dequantisation); the target computes on the file's blocks (Q4_0 and Q5_0 as the same values in Q8_0; float
+    weights rounded to Q8_0), and gives a position the same logits bits in a step and in any pass."""
     needs_kernel()
     model = random_model("llama", 3, layers=1)
     kinds = {p: kind for p in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "output")}
     path = write_gguf(model, tmp_path / "m.gguf", kinds)[0]
     f = gguf_model.GGUF(path)
     raw, file_kind, n, k = f.raw("blk.0.ffn_up.weight")
-    assert file_kind == kind
-    assert torch.equal(f.dense("blk.0.ffn_up.weight"),
-                       torch.from_numpy(quants.dequantize(raw.numpy().reshape(n, -1), kind).astype(np.float32)))
+    values = torch.from_numpy(quants.dequantize(raw.numpy().reshape(n, -1), kind).astype(np.float32))
+    assert file_kind == kind and torch.equal(f.dense("blk.0.ffn_up.weight"), values)
+    blocks, computed, _, _ = gguf_model.blocks_of(f, "blk.0.ffn_up.weight")
+    assert computed == COMPUTED_AS[kind]
+    if kind in (T.Q4_0, T.Q5_0):  # moved, not rounded
+        assert torch.equal(torch.from_numpy(quants.dequantize(blocks.numpy().reshape(n, -1), T.Q8_0)), values)
     pair = load_pair(str(path), str(path), device="cpu", cache_dir=tmp_path)
+    assert {m.kind for m in pair.target.modules() if isinstance(m, kquant.KQuantLinear)} >= {COMPUTED_AS[kind]}
     for step in (None, pair.steps["target"]):  # as loaded, and its forwards written out (step.py)
         alone, full, tree, branch_alone = logits_alone_and_in_a_pass(pair.target, pair.vocab, step=step)
         assert torch.equal(alone, full) and torch.equal(tree, branch_alone)

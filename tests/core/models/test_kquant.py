@@ -1,5 +1,5 @@
-"""The target's product on Q4_K and Q6_K blocks and its rows' attention (kquant.c) against the block formats' public
-definitions and the arithmetic they promise, for any number of rows, in both builds, with planted bugs that must
+"""The target's product on Q4_K, Q5_K, Q6_K and Q8_0 blocks and its rows' attention (kquant.c) against the block
+formats' public definitions and the arithmetic they promise, for any number of rows, in both builds, with planted bugs that must
 fail."""
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -8,38 +8,53 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
+from gguf.quants import dequantize, quantize
 
 from specdec_core.models import kquant, native
 
-GGML = {4: GGMLQuantizationType.Q4_K, 6: GGMLQuantizationType.Q6_K}
+GGML = {4: GGMLQuantizationType.Q4_K, 5: GGMLQuantizationType.Q5_K, 6: GGMLQuantizationType.Q6_K,
+        8: GGMLQuantizationType.Q8_0}
+KINDS = [4, 5, 6, 8]
 
 
 def needs_kernel():
     if kquant.library()[0] is None:
-        pytest.skip(f"the Q4_K/Q6_K product cannot be built here: {kquant.library()[1]}")
+        pytest.skip(f"the product on GGUF blocks cannot be built here: {kquant.library()[1]}")
 
 
 def blocks(kind: int, n: int, k: int, seed: int = 0) -> torch.Tensor:
-    """Weights of very different sizes per row, quantised to the format: [n, k / 256 blocks] bytes."""
+    """Weights of very different sizes per row, quantised to the format: [n, k / 256 inputs] bytes. Q5_K: Q4_K's scales
+    with random 5-bit q; Q8_0: gguf's own quantiser."""
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g) * torch.rand(1, k, generator=g) * 0.2
+    if kind == 8:
+        return torch.from_numpy(quantize(w.numpy(), GGML[8]).reshape(n, -1))
+    if kind == 5:
+        head = kquant.quantise(w, 4).reshape(-1, 144)[:, :16]
+        bits = torch.randint(0, 256, (len(head), 160), generator=g, dtype=torch.uint8)
+        return torch.cat([head, bits], 1).reshape(n, -1)
     return kquant.quantise(w, kind)
 
 
 def fields(raw: torch.Tensor, kind: int, n: int, k: int):
     """A block's numbers as the format defines them, read in PyTorch: (q [n, k], scales [n, sub-blocks],
-    mins [n, sub-blocks] (Q4_K) or None, d [n, blocks], dmin [n, blocks] or None)."""
-    b = raw.reshape(n, k // 256, -1).long()
-    half = lambda lo: torch.from_numpy(raw.reshape(n, k // 256, -1)[..., lo: lo + 2].contiguous().numpy()
+    mins [n, sub-blocks] (Q4_K, Q5_K) or None, d [n, blocks] (Q8_0: [n, sub-blocks]), dmin [n, blocks] or None)."""
+    size = 34 if kind == 8 else raw.numel() // n // (k // 256)
+    b = raw.reshape(n, -1, size).long()
+    half = lambda lo: torch.from_numpy(raw.reshape(n, -1, size)[..., lo: lo + 2].contiguous().numpy()
                                        .view(np.float16).astype(np.float32)).reshape(n, -1)
-    if kind == 4:
+    if kind == 8:  # blocks of 32: d, 32 int8
+        return b[..., 2:].to(torch.int8).long().reshape(n, k), None, None, half(0), None
+    if kind in (4, 5):
         s = b[..., 4:16]
         sc = torch.cat([s[..., :4] & 63, (s[..., 8:] & 15) | (s[..., :4] >> 6) << 4], -1)
         mn = torch.cat([s[..., 4:8] & 63, (s[..., 8:] >> 4) | (s[..., 4:8] >> 6) << 4], -1)
-        qs = b[..., 16:].reshape(n, -1, 4, 32)
-        q = torch.stack([qs & 15, qs >> 4], 3).reshape(n, k)  # each 64 values: 32 low nibbles, then 32 high
-        return q, sc.reshape(n, -1), mn.reshape(n, -1), half(0), half(2)
+        qs = b[..., 16 if kind == 4 else 48:].reshape(n, -1, 4, 32)
+        q = torch.stack([qs & 15, qs >> 4], 3)  # each 64 values: 32 low nibbles, then 32 high
+        if kind == 5:  # the fifth bit of value 64g + 32h + l: bit 2g + h of qh[l]
+            qh = b[..., 16:48]
+            q = q | torch.stack([torch.stack([(qh >> (2 * g + h)) & 1 for h in range(2)], 2) for g in range(4)], 2) << 4
+        return q.reshape(n, k), sc.reshape(n, -1), mn.reshape(n, -1), half(0), half(2)
     ql, qh = b[..., :128].reshape(n, -1, 2, 2, 32), b[..., 128:192].reshape(n, -1, 2, 32)
     low = torch.stack([ql[:, :, :, 0] & 15, ql[:, :, :, 1] & 15, ql[:, :, :, 0] >> 4, ql[:, :, :, 1] >> 4], 3)
     high = torch.stack([(qh >> (2 * i)) & 3 for i in range(4)], 3)
@@ -57,16 +72,25 @@ def reference(raw: torch.Tensor, kind: int, x: torch.Tensor, n: int, bias: torch
     top = xb.abs().amax(-1, keepdim=True)
     xq = torch.round(xb * torch.where(top > 0, 127 / top, 0.0)).long()  # half to even, as rintf
     dx = (top / 127)[..., 0]
-    size = 32 if kind == 4 else 16
+    if kind == 8:  # per block of 256, its eight sub-blocks' d * float(dot) summed in order
+        dots = torch.einsum("mjs,njs->mnj", xq.reshape(m, -1, 32), q.reshape(n, -1, 32))  # exact
+        acc = torch.zeros(m, n)
+        for blk in range(k // 256):
+            v = torch.zeros(m, n)
+            for j in range(8 * blk, 8 * blk + 8):
+                v = v + d[:, j] * dots[..., j].float()
+            acc = acc + v * dx[:, blk, None]
+        return acc if bias is None else acc + bias
+    size = 16 if kind == 6 else 32
     sub = lambda t: t.reshape(*t.shape[:-1], -1, size)
     dots = torch.einsum("mjs,njs->mnj", sub(xq.reshape(m, k)), sub(q))  # [m, n, sub-blocks], exact int64
     xsum = sub(xq.reshape(m, k)).sum(-1)  # [m, sub-blocks]
     per = 256 // size
     isum = (dots * sc).reshape(m, n, -1, per).sum(-1)  # [m, n, blocks]
-    msum = (xsum[:, None] * (mn if kind == 4 else sc)).reshape(m, n, -1, per).sum(-1)
+    msum = (xsum[:, None] * (sc if kind == 6 else mn)).reshape(m, n, -1, per).sum(-1)
     acc = torch.zeros(m, n)
     for blk in range(k // 256):
-        if kind == 4:
+        if kind != 6:
             v = d[:, blk] * isum[..., blk].float() - dmin[:, blk] * msum[..., blk].float()
         else:
             v = d[:, blk] * (isum[..., blk] - 32 * msum[..., blk]).float()
@@ -74,18 +98,23 @@ def reference(raw: torch.Tensor, kind: int, x: torch.Tensor, n: int, bias: torch
     return acc if bias is None else acc + bias
 
 
-@pytest.mark.parametrize("kind", [4, 6])
+@pytest.mark.parametrize("kind", KINDS)
 def test_the_blocks_read_as_the_format_defines_them(kind):
-    """The lookup of rows and the PyTorch reading above both give GGUF's own dequantised values, bit for bit."""
+    """The lookup of rows (Q4_K, Q6_K) and the PyTorch reading above both give GGUF's own dequantised values, bit for
+    bit."""
     needs_kernel()
     n, k = 32, 512
     raw = blocks(kind, n, k)
     want = torch.from_numpy(dequantize(raw.numpy(), GGML[kind]).reshape(n, k))
-    assert torch.equal(kquant.dequantise_rows(raw, kind, k, torch.arange(n)), want)
+    if kind in kquant.ROW_KINDS:
+        assert torch.equal(kquant.dequantise_rows(raw, kind, k, torch.arange(n)), want)
     q, sc, mn, d, dmin = fields(raw, kind, n, k)
-    size = 32 if kind == 4 else 16
-    w = d.repeat_interleave(256, 1) * sc.repeat_interleave(size, 1).float() * (q if kind == 4 else q - 32).float()
-    if kind == 4:
+    if kind == 8:
+        assert torch.equal(d.repeat_interleave(32, 1) * q.float(), want)
+        return
+    size = 16 if kind == 6 else 32
+    w = d.repeat_interleave(256, 1) * sc.repeat_interleave(size, 1).float() * (q - 32 if kind == 6 else q).float()
+    if kind != 6:
         w = w - dmin.repeat_interleave(256, 1) * mn.repeat_interleave(size, 1).float()
     assert torch.equal(w, want)
 
@@ -233,7 +262,7 @@ def test_the_rows_attention_refuses_what_it_cannot_compute():
         kquant.attention(q[:3], keys, values, plan, scale)
 
 
-@pytest.mark.parametrize("kind", [4, 6])
+@pytest.mark.parametrize("kind", KINDS)
 def test_the_product_is_the_reference_arithmetic_for_any_number_of_rows(kind):
     """Every row count through tiles of 1 to 4 rows: the same bits as the reference, so a row's output cannot
     depend on the rows beside it, in a step or in any pass."""
@@ -254,7 +283,7 @@ def test_the_portable_build_gives_the_same_bits(tmp_path, monkeypatch):
     """The fallback for CPUs without AVX-512 VNNI, forced here: the same arithmetic, so the same logits."""
     needs_kernel()
     lib = build(tmp_path, monkeypatch, kquant.SOURCE.read_text(), vnni=False)
-    assert agrees(lib, 4) and agrees(lib, 6) and attention_agrees(lib)
+    assert all(agrees(lib, kind) for kind in KINDS) and attention_agrees(lib)
 
 
 MUTANTS = {  # a planted bug: (kind it breaks, old text, new text), each in one build
@@ -271,8 +300,13 @@ MUTANTS = {  # a planted bug: (kind it breaks, old text, new text), each in one 
     "activations rounded toward zero": (4, "_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC", "_MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC"),
     "a row left out of uneven tiles": (6, "M / tiles + (t < M % tiles)", "M / tiles"),
     "a packed scale from the wrong output": (4, "dst[64 + p * 32 + o * 2] = sc[2 * p]", "dst[64 + p * 32 + (o ^ 1) * 2] = sc[2 * p]"),
-    "the file's high nibbles packed as low ones (Q4_K)": (4, "src + 16 + 32 * g + l % 32, l >= 32", "src + 16 + 32 * g + l % 32, l < 32"),
+    "the file's high nibbles packed as low ones (Q4_K)": (4, "src + qs + 32 * g + l % 32, l >= 32", "src + qs + 32 * g + l % 32, l < 32"),
     "Q6_K's top bits packed from the wrong pair": (6, ">> (2 * j)) & 0x03030303u", ">> (2 * j + 1)) & 0x03030303u"),
+    "Q5_K's fifth bit of a high nibble taken from the low's place": (5, "bit4(qh, 2 * i + 1)", "bit4(qh, 2 * i)"),
+    "Q5_K's fifth bits packed from the wrong half": (5, "2 * (v / 64) + (v % 64) / 32", "2 * (v / 64)"),
+    "Q8_0's offset of 128 taken as 127": (8, "_mm512_set1_epi32(128 * xsum)", "_mm512_set1_epi32(127 * xsum)"),
+    "Q8_0's sums of the wrong sub-block": (8, "j % 2 ? (uint32_t)pair >> 16", "j % 2 == 0 ? (uint32_t)pair >> 16"),
+    "Q8_0's scale of the next sub-block": (8, "(const __m256i*)(w + j * 32)", "(const __m256i*)(w + (j ^ 1) * 32)"),
     "a query head reading another key/value head": ("attention", "keys + (size_t)kv * stride", "keys + (size_t)(kv ^ 1) * stride"),
     "a pass's rows seeing the first row's keys": ("attention", "counts[r],", "counts[0],"),
     "the exponential's series cut short": ("attention", "    p = p * f + 1.f / 6.f;\n", ""),
@@ -308,7 +342,7 @@ def planted(tmp_path_factory) -> dict:
         return dict(zip(names, pool.map(compiled, names)))
 
 
-@pytest.mark.parametrize("kind", [4, 6, "attention"])
+@pytest.mark.parametrize("kind", [*KINDS, "attention"])
 def test_the_planted_builds_flags_compute_the_reference(kind, planted):
     assert not isinstance(planted[None], str), planted[None]
     assert agrees(planted[None], kind)

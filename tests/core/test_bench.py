@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from specdec_core import SpecConfig
+from specdec_core import SpecConfig, load_pair
 from specdec_core.bench import gpu as gpu_bench
 from specdec_core.bench import peer
 from specdec_core.bench import prompts as bench
@@ -252,3 +252,27 @@ def test_a_pair_shared_by_several_variants_has_its_costs_timed_once(tmp_path, mo
     assert sorted(calls) == ["costs_by_context", "draft_step_table"]
     chain, tree = report["variants"].values()
     assert chain["costs_by_context"] == tree["costs_by_context"] and chain["costs_by_context"]
+
+
+def test_the_7b_bench_writes_a_q4_k_m_file_and_measures_a_pair_of_gguf_files(tmp_path):
+    """bench.cpu7b on a small shape: the file is llama.cpp's Q4_K_M layout (Q6_K where it gives more bits), loads as a
+    user's GGUF pair does, and every simulated run drafts the K its measured costs pick."""
+    import argparse
+
+    from specdec_core.bench import cpu7b
+    from specdec_core.models.gguf_model import GGUF
+
+    from .models.test_gguf_pairs import random_model, write_gguf
+
+    tokenizer = write_gguf(random_model("qwen2", 1), tmp_path / "tokenizer.gguf")[0]
+    shape = dict(hidden=256, intermediate=512, layers=3, heads=4, kv_heads=2)
+    path = cpu7b.write_random(tmp_path / "random.gguf", shape, tokenizer)
+    six = sorted(name for name, (kind, *_) in GGUF(path).tensors.items() if kind == 14)
+    assert six == ["blk.2.attn_v.weight", "blk.2.ffn_down.weight", "output.weight"]  # layer 2 of 3: more bits
+    assert cpu7b.write_random(path, shape, tokenizer) == path  # kept: written once
+    pair = dataclasses.replace(load_pair(str(path), str(path), device="cpu", cache_dir=tmp_path), eos_ids=frozenset())
+    report = cpu7b.measure(pair, argparse.Namespace(context=16, max_new_tokens=8), {"a=0.8": 0.8, "a=0.3": 0.3})
+    assert report["greedy_identical"] and report["plain_tokens"] == 8 and report["draft_cost_c"] > 0
+    for run in report["simulated"].values():
+        assert run["k"] == cpu7b.best_k(run["a"], report["draft_cost_c"], report["pass_cost_vs_step"])[0]
+        assert 1 <= run["k"] <= 8 and run["tokens_per_s"] > 0

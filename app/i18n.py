@@ -208,8 +208,8 @@ CORE_PT = {
     "custom_pair_ids": "Um par próprio precisa do id (ou pasta) do alvo e do rascunho.",
     "tokenizers_differ": "O rascunho {draft} e o alvo {target} usam tokenizadores diferentes; a decodificação "
                          "especulativa precisa de um só vocabulário.",
-    "blocks_bundled_only": "target_quant='blocks' roda um alvo GGUF nos blocos do seu próprio arquivo; outros alvos não "
-                           "os têm.",
+    "blocks_shapes": "target_quant='blocks' precisa de um alvo cujas camadas recebam um múltiplo de 256 entradas; as de "
+                     "{model} não recebem: rode-o com target_quant='int8'.",
     "cpu_only": "target_quant={value} roda só em CPUs.",
     "blocks_no_product": "target_quant='blocks' precisa do produto sobre blocos GGUF, que não roda aqui: {why}",
     "graphs_rows": "Passos compilados substituiriam a atenção linha a linha do alvo exato, e sua saída deixaria de ser "

@@ -28,7 +28,8 @@ MESSAGES = {
     "custom_pair_ids": "A custom pair needs both a target and a draft model id (or directory).",
     "tokenizers_differ": "The draft {draft} and the target {target} use different tokenizers; speculative decoding "
                          "needs one vocabulary.",
-    "blocks_bundled_only": "target_quant='blocks' runs a GGUF target on its file's own blocks; other targets have none.",
+    "blocks_shapes": "target_quant='blocks' needs a target whose layers take a multiple of 256 inputs; {model}'s do "
+                     "not: run it with target_quant='int8'.",
     "cpu_only": "target_quant={value} runs on CPUs only.",
     "blocks_no_product": "target_quant='blocks' needs the product on GGUF blocks, which cannot run here: {why}",
     "graphs_rows": "Compiled steps would replace the exact target's row-by-row attention, and its output would no "

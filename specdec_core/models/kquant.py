@@ -197,6 +197,22 @@ def rows_in_torch(raw: torch.Tensor, kind: int, in_features: int, ids: torch.Ten
     return values.reshape(len(ids), in_features)
 
 
+def q8_0(w: torch.Tensor) -> torch.Tensor:
+    """Float weights [N, K] as Q8_0 blocks in GGUF's layout, uint8 [N, K / 32 * 34]: each 32 inputs' largest magnitude
+    / 127 as d (float16), and q = w / d rounded (half to even). How a target without blocks of its own (a Hub
+    checkpoint's) computes on them."""
+    blocks = w.detach().float().reshape(w.shape[0], -1, 32)
+    d = (blocks.abs().amax(-1, keepdim=True) / 127).half()
+    scale = d.float()
+    q = torch.where(scale > 0, torch.round(blocks / torch.where(scale > 0, scale, 1)), 0).clamp(-127, 127)
+    return torch.cat([d.view(torch.uint8), q.to(torch.int8).view(torch.uint8)], -1).reshape(w.shape[0], -1)
+
+
+def fits(out_features: int, in_features: int) -> bool:
+    """Whether a weight of this shape can be computed on blocks: inputs a multiple of 256, outputs of 16."""
+    return in_features % QK == 0 and out_features % 16 == 0
+
+
 def quantise(w: torch.Tensor, kind: int) -> torch.Tensor:
     """Float weights [N, K] as Q4_K or Q6_K blocks in the file's layout, uint8 [N, K / 256 * block bytes]: for tests
     and models that come without blocks of their own. A plain choice of scales (each sub-block's range), not the

@@ -13,6 +13,7 @@ from ..messages import Note, Refusal
 from .attention import GROUPED, ROWS
 from .kquant import library as kquant_library
 from .pair import Pair, PairInfo, Progress, check_tokenizers, dtype_name, dtype_named, make_pair, pick_device, pick_dtype
+from .quant import fits_blocks
 from .sources import is_gguf
 from .step import DecodeStep
 
@@ -27,7 +28,7 @@ class LoadOptions:
     decoding's on every prompt. "auto" on CPUs: "blocks" for the bundled target where the CPU has AVX-512 VNNI, else
     "int8" (auto_target_quant); the tiny test pair runs as built. "blocks": a GGUF target (the bundled one, or one
     named as sources.py reads names) on its file's own blocks (kquant.py): nothing to convert at start, and fewer
-    bytes read a step. "int8" (int8.TokenInt8Linear): int8 weights made from the target's values (for the bundled
+    bytes read a step; a Hub target on Q8_0 blocks made from its values at load (where its shapes fit them). "int8" (int8.TokenInt8Linear): int8 weights made from the target's values (for the bundled
     pair, once, kept in the cache). "off": the values as loaded, in `dtype` (bfloat16 on most CPUs: near-ties can part the
     two outputs).
     draft_quant: an int4 draft on CPUs (quant.cheapen_draft; int8 where the int4 product does not fit). It changes the
@@ -68,8 +69,6 @@ def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOp
     dt = pick_dtype(o.dtype, dev)
     backend = ("inductor" if dev.type == "cuda" else "off") if o.graphs == "auto" else o.graphs
     quant = o.target_quant
-    if quant == "blocks" and not (target == "bundled" or is_gguf(target)):
-        raise Refusal("blocks_bundled_only")
     as_built = target == "tiny"  # the tiny test pair runs as built: tests compare it with models built the same way
     if quant == "auto":
         quant = auto_target_quant(target, dev)
@@ -79,6 +78,10 @@ def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOp
         raise Refusal("blocks_no_product", why=kquant_library()[1])
     cheap_draft = (o.draft_quant is True or (o.draft_quant == "auto" and dev.type == "cpu")) and not as_built
     pair, saved = read_models(target, draft, o, quant, cheap_draft, dev, dt, progress)
+    if quant == "blocks" and not on_blocks(pair.target) and not fits_blocks(pair.target):
+        if o.target_quant == "blocks":
+            raise Refusal("blocks_shapes", model=pair.info.target)
+        quant = "int8"  # a Hub target of other shapes (inputs not a multiple of 256): int8's products take any
     if pair.draft is not None and cheap_draft:
         progress(0.85, Note("load_draft_int4", model=pair.info.draft))  # a first start's longest phase
         cheapen(pair, *saved.get("draft", (None, "")))
@@ -103,9 +106,11 @@ def make_exact(pair: Pair, quant: str, saved: dict, progress: Progress) -> None:
     """The target made exact (the same logits in a step and in a pass): on its blocks, each row's attention as a step
     computes it and every forward written out (step.py), one arithmetic for all; or in int8."""
     from .int8 import TokenInt8Linear
-    from .quant import quantise_target
+    from .quant import quantise_target, target_on_blocks
 
     if quant == "blocks":
+        if not on_blocks(pair.target):  # a Hub checkpoint's values, made Q8_0 blocks
+            target_on_blocks(pair.target)
         pair.target.set_attn_implementation(ROWS)
         pair.info.target_weights = f"blocks:{kquant_library()[1]}"
         if DecodeStep.fits(pair.target):
@@ -173,13 +178,19 @@ def settle_on_cpu(pair: Pair, pack: bool) -> None:
 
 
 def auto_target_quant(target: str, device: torch.device) -> str:
-    """How a target computes by default: on CPUs exact, a GGUF target (the bundled one included) on its file's blocks
-    where their AVX-512 VNNI product runs (elsewhere the portable build would be slower than int8's products), others
-    int8; the tiny test pair and GPUs as loaded."""
+    """How a target computes by default: on CPUs exact, on GGUF blocks (a GGUF target's own; a Hub checkpoint's
+    values made Q8_0 ones) where their AVX-512 VNNI product runs (elsewhere the portable build would be slower than
+    int8's products), else int8; the tiny test pair and GPUs as loaded."""
     if device.type != "cpu" or target == "tiny":
         return "off"
-    gguf = target == "bundled" or is_gguf(target)
-    return "blocks" if gguf and kquant_library()[1] == "avx512-vnni" else "int8"
+    return "blocks" if kquant_library()[1] == "avx512-vnni" else "int8"
+
+
+def on_blocks(model: torch.nn.Module) -> bool:
+    """Whether the model computes on GGUF blocks already (a GGUF target read so)."""
+    from .kquant import KQuantLinear
+
+    return any(isinstance(m, KQuantLinear) for m in model.modules())
 
 
 def own_memory(model: torch.nn.Module) -> None:

@@ -29,6 +29,8 @@ from .attention import ROWS
 from .files import file_digest
 from .int4_vnni import fits as int4_fits, pack as int4_pack, product as int4_product
 from .int8 import TokenInt8Linear, saved_layout
+from .kquant import KQuantLinear, q8_0
+from .kquant import fits as blocks_fit
 from .native import locked
 
 
@@ -173,6 +175,22 @@ def quantise_target(model: nn.Module, saved: Path | None = None, source: str = "
     quantise(model, lambda name, mod, kept: TokenInt8Linear(mod, kept), saved, f"{source}\ntoken-int8")
     model.set_attn_implementation(ROWS)
     return model.float()
+
+
+def target_on_blocks(model: nn.Module) -> nn.Module:
+    """In place: every Linear computes on Q8_0 blocks made from its values (kquant.q8_0), each row's attention as a
+    one-token step computes it (attention.ROWS), the rest in float32: the arithmetic of a GGUF target, exact the same
+    way (quantise_target says why each part is needed)."""
+    def blocks(name, mod):
+        return KQuantLinear(q8_0(mod.weight), 8, mod.in_features, mod.out_features, mod.bias)
+    replace_linears(model, blocks, largest_first=True)
+    model.set_attn_implementation(ROWS)
+    return model.float()
+
+
+def fits_blocks(model: nn.Module) -> bool:
+    """Whether every Linear of the model has a shape the blocks product computes."""
+    return all(blocks_fit(m.out_features, m.in_features) for m in model.modules() if isinstance(m, nn.Linear))
 
 
 def quantise(model: nn.Module, make, saved: Path | None, source: str) -> None:

@@ -89,8 +89,8 @@ def test_every_refusal_a_visitor_can_read_is_said_in_both_languages():
 
 def test_a_loads_progress_and_its_refusals_are_said_in_the_pages_language():
     manager = PairManager("cpu", "float32", target_quant="blocks")
-    manager.load("tiny")  # the blocks are the bundled target's: refused, by key
-    assert "outros alvos não os têm" in manager.status_text("pt") and "other targets have none" in manager.status
+    manager.load("tiny")  # its layers take 64 inputs: no blocks of 256, refused by key
+    assert "múltiplo de 256 entradas" in manager.status_text("pt") and "multiple of 256 inputs" in manager.status
     manager._progress(0.3, Note("load_reading", model="Qwen"))
     assert manager.status_text("pt") == "Carregando: lendo Qwen (30%)"
     assert manager.status == "Loading: reading Qwen (30%)"

@@ -385,14 +385,15 @@ def test_without_the_product_the_blocks_are_refused_by_name(monkeypatch):
 
 
 @pytest.mark.parametrize("build, want", [("avx512-vnni", "blocks"), ("portable", "int8"), (None, "int8")])
-def test_the_bundled_target_runs_on_its_blocks_by_default_where_their_fast_product_runs(monkeypatch, build, want):
-    """The CPU default: the blocks where the AVX-512 VNNI build runs; the portable build (one lane at a time) and no
-    build at all fall back to the int8 target, exact too. Hub pairs stay int8, the tiny pair and GPUs as loaded."""
+def test_every_target_runs_on_blocks_by_default_where_their_fast_product_runs(monkeypatch, build, want):
+    """The CPU default: the blocks where the AVX-512 VNNI build runs, for the bundled target, a GGUF one and a Hub one
+    (its values made Q8_0 blocks); the portable build (one lane at a time) and no build at all fall back to the int8
+    target, exact too. The tiny pair and GPUs as loaded."""
     from specdec_core.models import load
 
     monkeypatch.setattr(load, "kquant_library", lambda: (object() if build else None, build or "no C compiler"))
     cpu = torch.device("cpu")
-    assert load.auto_target_quant("bundled", cpu) == want
-    assert load.auto_target_quant("Qwen/Qwen2.5-1.5B-Instruct", cpu) == "int8"
+    for target in ("bundled", "Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-7B-Instruct-GGUF:q4_k_m", "x.gguf"):
+        assert load.auto_target_quant(target, cpu) == want
     assert load.auto_target_quant("tiny", cpu) == "off"
     assert load.auto_target_quant("bundled", torch.device("meta")) == "off"

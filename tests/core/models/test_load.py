@@ -24,6 +24,11 @@ def model_dirs(tmp_path_factory):
     padded = Qwen2ForCausalLM(tiny_config(len(tok) + 7))
     padded.save_pretrained(root / "padded")
     tok.save_pretrained(root / "padded")
+    # a target whose layers take 256 inputs: on Q8_0 blocks by default where the blocks' fast product runs
+    torch.manual_seed(6)
+    wide = Qwen2ForCausalLM(tiny_config(len(tok) + 13, hidden=256))  # 272 rows: outputs of 16
+    wide.save_pretrained(root / "wide")
+    tok.save_pretrained(root / "wide")
     # a draft with a different tokenizer
     other = tiny_tokenizer()
     other.add_tokens(["<extra>"])
@@ -39,6 +44,32 @@ def test_local_directories_load_and_decode_losslessly(model_dirs):
     cfg = SpecConfig(k=4, max_new_tokens=24)
     pair = with_eos(pair, [])
     assert generate(pair, "hello", cfg).token_ids == generate(pair, "hello", cfg, "autoregressive").token_ids
+
+
+def test_a_hub_target_computes_on_q8_0_blocks_made_from_its_values_exactly(model_dirs, monkeypatch):
+    """The arithmetic of a GGUF target: a position's logits the same bits in a step and in any pass, greedy output
+    plain decoding's; a target of other shapes falls back to int8 by default, and is refused by name when blocks are
+    asked for."""
+    from specdec_core.models import kquant, load
+
+    from .test_gguf_model import needs_kernel
+    from .test_int8 import logits_alone_and_in_a_pass
+
+    needs_kernel()
+    monkeypatch.setattr(load, "kquant_library", lambda: (kquant.kernel(), "avx512-vnni"))  # what auto reads
+    pair = with_eos(load_pair(str(model_dirs / "wide"), str(model_dirs / "draft"), device="cpu", dtype="float32"), [])
+    assert pair.info.target_quant == "blocks" and pair.info.target_weights.startswith("blocks:")
+    assert {m.kind for m in pair.target.modules() if isinstance(m, kquant.KQuantLinear)} == {8}
+    for step in (None, pair.steps["target"]):
+        alone, full, tree, branch_alone = logits_alone_and_in_a_pass(pair.target, pair.vocab, step=step)
+        assert torch.equal(alone, full) and torch.equal(tree, branch_alone)
+    cfg = SpecConfig(k=4, max_new_tokens=24)
+    assert generate(pair, "hello", cfg).token_ids == generate(pair, "hello", cfg, "autoregressive").token_ids
+    narrow = load_pair(str(model_dirs / "target"), str(model_dirs / "draft"), device="cpu", dtype="float32")
+    assert narrow.info.target_quant == "int8"
+    with pytest.raises(ValueError, match="multiple of 256 inputs"):
+        load_pair(str(model_dirs / "target"), str(model_dirs / "draft"), device="cpu", dtype="float32",
+                  target_quant="blocks")
 
 
 def test_padded_vocab_rows_are_cut_to_the_shared_range(model_dirs):

@@ -65,11 +65,14 @@ def start(cache: Path, limit_s: float, pair: str = "bundled") -> dict:
 
 
 def checks(cache: Path) -> dict:
-    """What a start spends checking the cached weights it runs from: each file with a digest beside it is hashed
-    again (SHA-256) as a start does, and timed."""
+    """What a start spends checking the cached weights and kernels it runs from: each file with a digest beside it
+    (NAME.sha256 for weights NAME, a kernel's in place of its .so) is hashed again (SHA-256) as a start does, and
+    timed."""
     timed = {}
     for sidecar in sorted(cache.rglob("*.sha256")):
-        made = sidecar.with_suffix("")
+        made = next((p for p in (sidecar.with_suffix(""), sidecar.with_suffix(".so")) if p.is_file()), None)
+        if made is None:
+            continue
         t0 = time.perf_counter()
         same = file_digest(made) == sidecar.read_text()
         timed[made.name] = {"mb": made.stat().st_size / 1e6, "seconds": time.perf_counter() - t0, "same": same}

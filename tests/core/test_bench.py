@@ -233,8 +233,13 @@ def test_startup_bench_times_the_check_of_each_cached_file(tmp_path):
     made.with_name(made.name + ".sha256").write_text(file_digest(made))
     (tmp_path / "draft-int4.safetensors").write_bytes(b"y")
     (tmp_path / "draft-int4.safetensors.sha256").write_text("0" * 64)  # damaged: a start would make it again
+    kernel = tmp_path / "kernels" / "int4_vnni-88127b1ee68abbb2.so"  # a built kernel's digest replaces its suffix
+    kernel.parent.mkdir()
+    kernel.write_bytes(b"\x7fELF")
+    kernel.with_suffix(".sha256").write_text(file_digest(kernel))
     timed = checks(tmp_path)
-    assert set(timed) == {"target-int8.safetensors", "draft-int4.safetensors"}
+    assert set(timed) == {"target-int8.safetensors", "draft-int4.safetensors", kernel.name}
+    assert timed[kernel.name]["same"]
     assert timed["target-int8.safetensors"]["same"] and not timed["draft-int4.safetensors"]["same"]
     assert timed["target-int8.safetensors"]["mb"] == 3.0 and timed["target-int8.safetensors"]["seconds"] > 0
 

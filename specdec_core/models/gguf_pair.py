@@ -102,16 +102,16 @@ def load_named(target: str, draft: str, device: torch.device, dtype: torch.dtype
     root = Path(cache_dir or default_cache_dir())
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     remove_leftovers(root)
-    progress(0.05, Note("load_reading", model=target))
+    shown = [Path(name).name if name.lower().endswith(".gguf") else name for name in (target, draft)]
+    progress(0.05, Note("load_reading", model=shown[0]))
     files = [gguf_files(name, budget_bytes) for name in (target, draft)]
     size = sum(p.stat().st_size for first, shards in files for p in [first, *shards])
     if size > budget_bytes:
-        raise Refusal("gguf_too_big", name=f"{target} + {draft}", gb=size / 1e9, budget=budget_bytes / 1e9)
-    shown = [Path(name).name if name.lower().endswith(".gguf") else name for name in (target, draft)]
+        raise Refusal("gguf_too_big", name=" + ".join(shown), gb=size / 1e9, budget=budget_bytes / 1e9)
     t, d = (opened(first, shards, name) for (first, shards), name in zip(files, shown))
-    # the tokenizer by its metadata, which makes it; the draft's quantised weights by the file as it is now (a file
-    # changed or replaced gets a key of its own)
-    pair = load_files(f"{target},{draft}", t, d, tuple(shown), device, dtype, progress, root, hashlib.sha256(t.metadata).hexdigest(), exact,
-                      lazy)
+    # the tokenizer kept by the metadata it is made from; the draft's quantised weights by the file as it is now (a
+    # file changed or replaced gets a key of its own); the pair named by the names shown, never a server's paths
+    key = hashlib.sha256(t.metadata).hexdigest()
+    pair = load_files(" <- ".join(shown), t, d, tuple(shown), device, dtype, progress, root, key, exact, lazy)
     key = hashlib.sha256(repr(identity([files[1][0], *files[1][1]])).encode()).hexdigest()
     return pair, {"draft": (root / f"gguf-{key[:16]}-int4-{dtype_name(dtype)}.safetensors", key)}

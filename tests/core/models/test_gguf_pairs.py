@@ -164,6 +164,7 @@ def test_a_pair_named_by_its_files_decodes_exactly_what_plain_decoding_does(made
     needs_kernel()
     pair = load_pair(str(made[f"{arch}-target"]), str(made[f"{arch}-draft"]), device="cpu", cache_dir=tmp_path)
     assert pair.info.target_quant == "blocks" and pair.info.target == f"{arch}-target.gguf"
+    assert pair.name == f"{arch}-target.gguf <- {arch}-draft.gguf"  # what visitors and traces see: no server path
     assert {m.kind for m in pair.target.modules() if isinstance(m, kquant.KQuantLinear)} == {4, 6}
     assert pair.tokenizer.decode(pair.tokenizer("the cat is in there").input_ids) == "the cat is in there"
     greedy_same(pair)

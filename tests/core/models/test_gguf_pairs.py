@@ -14,7 +14,7 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from specdec_core import SpecConfig, generate, load_pair
 from specdec_core.messages import Refusal
-from specdec_core.models import gguf_model, kquant, sources
+from specdec_core.models import gguf_model, gguf_pair, kquant, sources
 
 from ...conftest import FLAT_COSTS
 from .test_gguf_model import GGUF_NAMES, needs_kernel
@@ -235,7 +235,7 @@ def test_a_model_split_by_gguf_split_is_read_from_its_first_part(made, tmp_path)
 
 
 def test_a_draft_of_another_vocabulary_is_refused_by_name_before_loading(made, tmp_path, monkeypatch):
-    monkeypatch.setattr(gguf_model, "load_target", lambda f: pytest.fail("the target was loaded"))
+    monkeypatch.setattr(gguf_pair, "load_target", lambda f: pytest.fail("the target was loaded"))
     with pytest.raises(Refusal, match="different tokenizers") as err:
         load_pair(str(made["qwen2-target"]), str(made["other-vocab"]), device="cpu", cache_dir=tmp_path)
     assert "other-vocab.gguf" in str(err.value) and "qwen2-target.gguf" in str(err.value)

@@ -86,10 +86,16 @@ class CompiledForward:
     (`max_len` positions), kept in a pool and reused, and inputs are padded to a PADDED_SIZES size.
     Padding is harmless: its keys sit past the committed length, where no query looks (causal
     mask), and the next step overwrites them. Prompts (prefill) run uncompiled.
+
+    `width`: every decoding forward fed at this many rows, one-token steps too (one shape). A GPU's kernels for a
+    product or an attention of another number of rows may sum in another order, so a position's logits in a step and
+    in a verification pass part in their last bits, and a greedy race on near-ties parts with them; fed at one shape,
+    a row is computed by the same kernels in a step and in a chain's pass. A pass of a token tree runs uncompiled,
+    and is not held to this.
     """
 
-    def __init__(self, model, max_len: int, backend: str = "inductor"):
-        self.model, self.max_len = model, max_len
+    def __init__(self, model, max_len: int, backend: str = "inductor", width: int | None = None):
+        self.model, self.max_len, self.width = model, max_len, width
         self.free: list[StaticCache] = []
         kw = {"mode": "reduce-overhead"} if backend == "inductor" else {}
         self.compiled = torch.compile(model.forward, backend=backend, dynamic=False, **kw)
@@ -195,7 +201,7 @@ class CachedModel:
 
     def _compiled_forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor | None:
         n = ids.shape[1]
-        size = padded_size(n)
+        size = self.static.width or padded_size(n)
         padded = torch.cat([ids, ids.new_zeros(1, size - n)], 1)
         try:
             torch.compiler.cudagraph_mark_step_begin()

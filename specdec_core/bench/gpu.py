@@ -8,7 +8,9 @@ shapes) and each way of running decoding steps (--graphs: off, or compiled with 
 - the target's one-token step, its n-token passes (verifying n - 1 drafts, or a tree of n - 1
   nodes) as multiples of the step, the draft's step as a multiple (c), and the share of the
   memory bandwidth a step uses (weight bytes read / step time / --peak-tbs);
-- plain decoding through the engine, and whether greedy speculative output is identical to it;
+- plain decoding through the engine, and whether greedy speculative output is identical to it; compiled, the target
+  runs at one shape (every step fed at 32 rows: exact), and plain decoding at each step's own size is timed beside it
+  (`plain_tokens_per_s_unconstrained`: what exactness costs);
 - SIMULATED ACCEPTANCE. Random models never agree, so the target's verdict is replaced by a draw in
   which every drafted token is accepted with probability a. Drafting, the verification pass, the
   caches and their rollback are all real; only the accept/reject outcome is drawn. Each round drafts
@@ -127,6 +129,7 @@ def measure(pair, args, graphs: str, accepts: dict[str, float], race_at: str, tr
         runs[name] = {"a": a, "tokens_per_s": rate, "speedup": rate / plain, "predicted_tokens_per_s": predicted,
                       "measured_over_predicted": rate / predicted,
                       "accepted_per_round": statistics.mean(e.accepted for e in events)}
+    unconstrained = plain_at_any_shape(pair, prompt, cfg) if graphs != "off" else None
     race = race_rates(pair, prompt, cfg, simulated(accepts[race_at]))
     # plain decoding alone again, after the race: tells first-use costs of the earlier runs from the race's clocks
     plain_after, _ = decode_rate(autoregressive_generate(pair, prompt, cfg))
@@ -141,6 +144,9 @@ def measure(pair, args, graphs: str, accepts: dict[str, float], race_at: str, tr
         "bandwidth_share": {role: weight_bytes(getattr(pair, role)) / (ms / 1000) / (args.peak_tbs * 1e12)
                             for role, ms in (("target", step), ("draft", draft_step))},
         "plain_tokens_per_s": plain, "greedy_identical": ids(plain_events) == ids(spec_events),
+        # what exactness costs: the target's steps at one shape (above) against each at its own padded size
+        "plain_tokens_per_s_unconstrained": unconstrained, "one_shape": pair.compiled.get("target") is not None
+        and pair.compiled["target"].width,
         "simulated": runs,
         "trees": trees,
         "race": {"a": accepts[race_at], "plain_tokens_per_s": race["plain"], "spec_tokens_per_s": race["spec"],
@@ -148,6 +154,18 @@ def measure(pair, args, graphs: str, accepts: dict[str, float], race_at: str, tr
                  "speedup": race["spec"] / race["plain"], "speedup_alone": runs[race_at]["speedup"],
                  "simulated": f"the verdicts drawn with probability a={accepts[race_at]:g}, not judged by the models"},
     }
+
+
+def plain_at_any_shape(pair, prompt, cfg) -> float:
+    """Plain decoding with the target's steps fed at their own padded sizes, not at one shape (load.enable_graphs):
+    what the exactness of one shape costs. The sizes compiled first, outside the timing."""
+    static = pair.compiled["target"]
+    width, static.width = static.width, None
+    try:
+        generate(pair, prompt, dataclasses.replace(cfg, max_new_tokens=8), "autoregressive")
+        return decode_rate(autoregressive_generate(pair, prompt, cfg))[0]
+    finally:
+        static.width = width
 
 
 def local_dir_check(device) -> dict:

@@ -35,6 +35,8 @@ class LoadOptions:
     draft's speed and guesses, never the output.
     graphs: on CUDA, decoding steps compiled with CUDA graphs ("inductor", or "off") over static caches
     of `max_len` positions (cache.CompiledForward); the context is capped to fit them.
+    one_shape: with graphs, every decoding forward of the target is fed at PADDED_SIZES[-1] rows, one-token steps too
+    (cache.CompiledForward's width), so that a position's logits are the same bits in a step and in a chain's pass.
     budget_gb: the most gigabytes of GGUF files a named pair may take (None: any)."""
     device: str = "auto"
     dtype: str = "auto"
@@ -43,6 +45,7 @@ class LoadOptions:
     graphs: str = "auto"
     max_len: int = 4096
     cache_dir: str | os.PathLike | None = None
+    one_shape: bool = True
     budget_gb: float | None = None
 
     def __post_init__(self):
@@ -97,7 +100,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOp
     if dev.type == "cpu":
         settle_on_cpu(pair, pack=dt == torch.bfloat16 and not as_built)
     if backend != "off":
-        enable_graphs(pair, backend, o.max_len, progress)
+        enable_graphs(pair, backend, o.max_len, progress, o.one_shape)
     progress(1.0, Note("load_ready"))
     return pair
 
@@ -213,10 +216,11 @@ def release_freed_memory() -> None:
         pass
 
 
-def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | None = None) -> None:
+def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | None = None,
+                  one_shape: bool = True) -> None:
     """Compile both models' decoding steps now, for the sizes a default round uses, so that the
     first run does not stop to compile (on a 7B-shaped target on an H200: minutes), with transformers' SDPA
-    attention (docs/benchmarks.md: the compiled H200 runs)."""
+    attention (docs/benchmarks.md: the compiled H200 runs). one_shape: the target's at one size (LoadOptions)."""
     progress = progress or (lambda f, m: None)
     if pair.target.config._attn_implementation == ROWS:
         raise Refusal("graphs_rows")
@@ -224,11 +228,13 @@ def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | N
     # a default round scores up to SpecConfig().k + 1 tokens (padded to 32); a draft step feeds one or two tokens
     # and up to MAX_GUESS guesses behind them
     draft_sizes = [s for s in PADDED_SIZES if s <= padded_size(2 + MAX_GUESS)]
-    for role, model, sizes in (("target", pair.target, PADDED_SIZES), ("draft", pair.draft, draft_sizes)):
+    width = PADDED_SIZES[-1] if one_shape else None
+    target_sizes = [width] if width else PADDED_SIZES
+    for role, model, sizes in (("target", pair.target, target_sizes), ("draft", pair.draft, draft_sizes)):
         if model is None:
             continue
         model.set_attn_implementation("sdpa")
-        pair.compiled[role] = CompiledForward(model, max_len, backend)
+        pair.compiled[role] = CompiledForward(model, max_len, backend, width if role == "target" else None)
         lm = pair.cached(role)
         lm.prefill([0] * 8)
         for n in sizes:
@@ -236,7 +242,8 @@ def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | N
             lm.forward(torch.zeros(n, dtype=torch.long, device=lm.device), keep=1)
             lm.crop(8)
     pair.context_length = min(pair.context_length, max_len - PADDED_SIZES[-1])
-    pair.info.graphs = f"compiled steps ({backend}), static caches of {max_len} positions"
+    pair.info.graphs = f"compiled steps ({backend}), static caches of {max_len} positions" + (
+        f", the target's at one shape ({width} rows)" if width else "")
 
 
 def load_hub_pair(target_id: str, draft_id: str, device: torch.device, dtype: torch.dtype,

@@ -63,6 +63,8 @@ def test_gpu_bench_runs_on_a_small_shape(tmp_path):
     for v in report["variants"]:
         assert v["target_step_ms"] > 0 and set(v["pass_cost_vs_step"]) == set(gpu_bench.PASS_SIZES)
         assert v["plain_tokens_per_s"] > 0 and v["greedy_identical"]
+        compiled = v["graphs"] != "off"  # the target at one shape, and plain decoding at any shape timed beside it
+        assert (v["one_shape"] == 32, v["plain_tokens_per_s_unconstrained"] is not None) == (compiled, compiled)
         runs = v["simulated"]
         assert list(runs) == ["a=0.5", "a=0.9", "code"] and runs["code"]["a"] == 0.7
         # the drawn verdicts really steer the rounds: more accepted per round at a higher a

@@ -44,6 +44,24 @@ def test_static_caches_decode_the_same_tokens(fresh_pair, backend, request):
     assert fresh_pair.context_length == 256 - 32
 
 
+def test_one_shape_gives_a_position_the_same_logits_in_a_step_and_in_a_chain_pass(fresh_pair, uncompiled):
+    """A GPU's exactness, the CPU its stand-in: in float32 the CPU's products of one row and of eight sum in other
+    orders, so a step's logits and a pass's part in their last bits; the target fed at one shape gives the same bits.
+    Fed at each input's own padded size (one_shape=False), they part."""
+    prompt, ids = list(range(3, 60)), torch.arange(100, 117)
+    for one_shape in (True, False):
+        enable_graphs(fresh_pair, "eager", max_len=256, one_shape=one_shape)
+        lm = fresh_pair.cached("target")
+        lm.prefill(prompt)
+        alone = torch.stack([lm.forward(ids[i: i + 1], keep=1)[0] for i in range(len(ids))])
+        lm.crop(len(prompt))
+        assert torch.equal(lm.forward(ids, keep=len(ids)), alone) == one_shape
+        assert (fresh_pair.compiled["target"].width == 32) == one_shape
+    enable_graphs(fresh_pair, "eager", max_len=256)
+    cfg = SpecConfig(k=8, max_new_tokens=40)
+    assert generate(fresh_pair, "one shape", cfg).token_ids == generate(fresh_pair, "one shape", cfg, "autoregressive").token_ids
+
+
 def test_interleaved_decoders_get_their_own_cache(fresh_pair, uncompiled):
     cfg = SpecConfig(k=4, max_new_tokens=30)
     alone = [generate(fresh_pair, "race", cfg, m).token_ids for m in ("speculative", "autoregressive")]

@@ -21,7 +21,7 @@ from torch import nn
 
 from .cache import CachedModel, TreeInput
 from .config import MAX_GUESS
-from .drafts import Draft, Fed, Grown, Node, children, without
+from .drafts import CachedNodes, Draft, GrowingDraft, Node, children, without
 from .events import chain
 from .lookup import HybridDrafter, Ngrams, PromptLookupDrafter
 from .messages import Refusal
@@ -56,14 +56,15 @@ class ModelDrafter:
         self.width, self.pass_cost = width, pass_cost
         self.expand = (2 if lm.device.type == "cpu" else width) if expand is None else expand
         self.policy = Policy(pass_cost)
-        self.fed: Fed | None = None  # the drafted nodes fed to the cache in the last round
+        self.fed: CachedNodes | None = None  # the drafted nodes fed to the cache in the last round
         self.forwards = 1  # draft forwards the last tree took: this round's sizing must not depend on its own draws
         self.guessed = 0  # nodes, over all drafts, whose distribution came with a guess (no forward of their own)
         self.first_at = self.grown_at = 0.0  # when the last draft's first token was drawn, and its last one
-        self.judging: tuple[int, list[Node]] | None = None  # the last draft's start and nodes, judged at commit
+        # the last draft's start and nodes, judged at commit
+        self.awaiting_verdicts: tuple[int, list[Node]] | None = None
 
     def start(self, ids):
-        self.fed, self.judging, self.policy = None, None, Policy(self.pass_cost)
+        self.fed, self.awaiting_verdicts, self.policy = None, None, Policy(self.pass_cost)
         self.lm.reset()
         yield from self.lm.prefill_chunks(ids[:-1])
 
@@ -108,7 +109,8 @@ class ModelDrafter:
         draft.curve = curve
         return draft
 
-    def draw(self, g: Grown, logits: torch.Tensor, width: int, cfg, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def draw(self, g: GrowingDraft, logits: torch.Tensor, width: int, cfg,
+             generator) -> tuple[torch.Tensor, torch.Tensor]:
         """The children of the rows `logits` (theirs: `children`), their distributions kept in `g`."""
         q, bad = warp(logits, cfg.temperature, cfg.top_k, cfg.top_p)
         g.qs += q.unbind(0)
@@ -119,7 +121,7 @@ class ModelDrafter:
     def device_chain(self, ids, k, cfg, generator) -> Draft:
         """A GPU's chain: all k drafted without a read, and all verified."""
         logits, _ = self.feed(ids[self.lm.length:], 1, ids, list(ids), 0)
-        g, chosen = Grown(), []
+        g, chosen = GrowingDraft(), []
         for depth in range(k):
             _, picks = self.draw(g, logits, 1, cfg, generator)
             chosen.append(picks[0])
@@ -133,7 +135,7 @@ class ModelDrafter:
         start, limit = len(ids), cfg.tree_nodes or k
         path = list(ids)  # the committed tokens and the chain's so far
         logits, pending = self.feed(ids[self.lm.length:], 1, ids, path, min(cfg.guess, min(k, limit) - 1))
-        g, frontier, forwards, worths = Grown(), [-1], 1, []
+        g, frontier, forwards, worths = GrowingDraft(), [-1], 1, []
         for depth in range(k):
             level = g.add_level(frontier, *self.draw(g, logits, width, cfg, generator), self.policy.worth)
             self.first_at = time.perf_counter() if not depth else self.first_at  # the first token's cost ends here
@@ -163,7 +165,7 @@ class ModelDrafter:
         self.forwards = draft.steps = forwards
         return draft
 
-    def next_frontier(self, g: Grown, level: list[int], chain_node: int, cfg) -> list[int]:
+    def next_frontier(self, g: GrowingDraft, level: list[int], chain_node: int, cfg) -> list[int]:
         """The nodes fed next: the chain's, and the `expand` - 1 best others of the level whose rank is still at
         least cfg.min_confidence (they grow while the draft believes in them as much as a chain must to go on)."""
         nodes = g.nodes
@@ -185,7 +187,7 @@ class ModelDrafter:
         logits = self.lm.forward(upload(tokens + guesses, self.lm.device), keep=rows + len(guesses), tree=tree)
         return logits[:rows], list(zip(guesses, logits[rows:]))
 
-    def select(self, g: Grown, start: int, limit: int, cfg) -> Draft:
+    def select(self, g: GrowingDraft, start: int, limit: int, cfg) -> Draft:
         """The nodes worth their rows in the target's pass (a chain: every node), as a draft, with the policy's
         expected gain; the fed ones are remembered for commit, the kept ones for their verdicts."""
         nodes = g.nodes
@@ -194,9 +196,9 @@ class ModelDrafter:
         n = tree_size([nodes[i].worth for i in order], self.policy.costs if cfg.tree_nodes else None, self.forwards)
         keep = sorted(order[:n])
         slot = {node: j for j, node in enumerate(g.fed)}  # where each fed node sits in the cache, after `start`
-        self.fed = Fed(start, [nodes[i].token for i in g.fed], [slot.get(nodes[i].parent, -1) for i in g.fed])
+        self.fed = CachedNodes(start, [nodes[i].token for i in g.fed], [slot.get(nodes[i].parent, -1) for i in g.fed])
         renumber = {old: new for new, old in enumerate(keep)}
-        self.judging = (start, [nodes[i]._replace(parent=renumber.get(nodes[i].parent, -1)) for i in keep])
+        self.awaiting_verdicts = (start, [nodes[i]._replace(parent=renumber.get(nodes[i].parent, -1)) for i in keep])
         tokens, expected = [nodes[i].token for i in keep], sum(nodes[i].rank for i in keep)
         gain = self.policy.gain([nodes[i].worth for i in keep])
         if not keep:  # no node pays for its row: a plain step
@@ -210,8 +212,8 @@ class ModelDrafter:
                      [renumber.get(nodes[i].parent, -1) for i in keep], expected, gain=gain)
 
     def commit(self, ids):
-        self.policy.learn(verdicts(*self.judging, ids) if self.judging else [])
-        self.judging = None
+        self.policy.learn(verdicts(*self.awaiting_verdicts, ids) if self.awaiting_verdicts else [])
+        self.awaiting_verdicts = None
         # keep only the committed prefix; the newest committed token is fed next round
         if self.fed:  # keep the fed nodes the committed tokens walk through (a chain's: a prefix, kept in place)
             start, tokens, parents = self.fed

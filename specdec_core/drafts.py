@@ -52,7 +52,7 @@ class Node(NamedTuple):
     worth: float  # the chance the target accepts it and its path, as the policy calibrates the probabilities
 
 
-class Fed(NamedTuple):
+class CachedNodes(NamedTuple):
     """The nodes a round fed to the draft's cache, from `start` on: their tokens, and each one's parent's slot
     among them (-1: the last committed token)."""
     start: int
@@ -74,7 +74,7 @@ def children(q: torch.Tensor, logits: torch.Tensor, width: int, cfg, generator) 
 
 
 @dataclass
-class Grown:
+class GrowingDraft:
     """A draft as it grows: its nodes, the distributions (q, and the raw logits) of the rows they were drawn from,
     whether a row failed, and the nodes fed to the draft (by index)."""
     nodes: list[Node] = field(default_factory=list)

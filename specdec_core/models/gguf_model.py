@@ -2,7 +2,7 @@
 
 The target keeps the file's blocks (kquant.KQuantLinear, exact: the same logits in a step and in any pass): Q4_K, Q5_K,
 Q6_K and Q8_0 as they are, Q4_0 and Q5_0 as the same values in Q8_0, other types rounded to Q8_0. The draft's weights
-are dequantised in memory, in the dtype it runs in, and then quantised as every draft is (quant.cheapen_draft).
+are dequantised in memory, in the dtype it runs in, and then quantised as every draft is (quant.draft_to_int4).
 Tensors are read through a memory map of the file (gguf_file.py).
 """
 from __future__ import annotations

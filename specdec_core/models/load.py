@@ -31,7 +31,7 @@ class LoadOptions:
     bytes read a step; a Hub target on Q8_0 blocks made from its values at load (where its shapes fit them). "int8" (int8.TokenInt8Linear): int8 weights made from the target's values (for the bundled
     pair, once, kept in the cache). "off": the values as loaded, in `dtype` (bfloat16 on most CPUs: near-ties can part the
     two outputs).
-    draft_quant: an int4 draft on CPUs (quant.cheapen_draft; int8 where the int4 product does not fit). It changes the
+    draft_quant: an int4 draft on CPUs (quant.draft_to_int4; int8 where the int4 product does not fit). It changes the
     draft's speed and guesses, never the output.
     graphs: on CUDA, decoding steps compiled with CUDA graphs ("inductor", or "off") over static caches
     of `max_len` positions (cache.CompiledForward); the context is capped to fit them.
@@ -87,7 +87,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOp
         quant = "int8"  # a Hub target of other shapes (inputs not a multiple of 256): int8's products take any
     if pair.draft is not None and cheap_draft:
         progress(0.85, Note("load_draft_int4", model=pair.info.draft))  # a first start's longest phase
-        cheapen(pair, *saved.get("draft", (None, "")))
+        quantise_draft(pair, *saved.get("draft", (None, "")))
     if pair.draft is not None and dev.type == "cpu" and not as_built:
         # SDPA would repeat the key/value heads over the whole cache every step: a draft step at 1,000 tokens of
         # context would cost nearly twice one at 128 (docs/benchmarks.md); the draft changes only speed
@@ -98,7 +98,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOp
     if quant in ("blocks", "int8"):
         make_exact(pair, quant, saved, progress)
     if dev.type == "cpu":
-        settle_on_cpu(pair, pack=dt == torch.bfloat16 and not as_built)
+        pack_and_release(pair, pack=dt == torch.bfloat16 and not as_built)
     if backend != "off":
         enable_graphs(pair, backend, o.max_len, progress, o.one_shape)
     progress(1.0, Note("load_ready"))
@@ -151,18 +151,18 @@ def read_models(target: str, draft: str | None, o: LoadOptions, quant: str, chea
     return load_hub_pair(target, draft, dev, dt, progress), {}
 
 
-def cheapen(pair: Pair, saved, source: str) -> None:
-    """The draft quantised (quant.cheapen_draft), its weights kept in `saved` where there is one."""
-    from .quant import Int4Linear, cheapen_draft, quant_label
+def quantise_draft(pair: Pair, saved, source: str) -> None:
+    """The draft quantised (quant.draft_to_int4), its weights kept in `saved` where there is one."""
+    from .quant import Int4Linear, draft_to_int4, quant_label
 
-    cheapen_draft(pair.draft, saved=saved, source=source)
+    draft_to_int4(pair.draft, saved=saved, source=source)
     pair.info.draft_quant = quant_label(pair.draft)
     int4 = {"vnni" if m.tiles is not None else "torch" for m in pair.draft.modules() if isinstance(m, Int4Linear)}
     if int4:
         pair.info.draft_int4 = "/".join(sorted(int4))
 
 
-def settle_on_cpu(pair: Pair, pack: bool) -> None:
+def pack_and_release(pair: Pair, pack: bool) -> None:
     """pack: every remaining bfloat16 Linear weight prepacked for oneDNN (the same numbers, faster); then each model's
     parameters in memory of its own, and the heap that loading freed given back."""
     from .quant import can_pack, pack_linears

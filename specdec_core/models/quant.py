@@ -152,7 +152,7 @@ def quant_label(model: nn.Module) -> str:
     return "int4" if any(isinstance(m, Int4Linear) for m in model.modules()) else "int8"
 
 
-def cheapen_draft(model: nn.Module, saved: Path | None = None, source: str = "") -> nn.Module:
+def draft_to_int4(model: nn.Module, saved: Path | None = None, source: str = "") -> nn.Module:
     """In place: every Linear int4 (Int4Linear), or int8 (TokenInt8Linear) where the int4 product does not fit it
     (float32, odd shapes).
 
@@ -171,7 +171,7 @@ def quantise_target(model: nn.Module, saved: Path | None = None, source: str = "
     Rounding an activation to int8 magnifies any difference in it, however small: a product that sums in
     another order in a 17-row pass than in a one-row step (as batched attention does) flips int8 roundings
     and moves logits by more than 1. Integer products are exact in any order, and the attention computes
-    a row with the same products whatever pass it is in. saved/source as in cheapen_draft."""
+    a row with the same products whatever pass it is in. saved/source as in draft_to_int4."""
     quantise(model, lambda name, mod, kept: TokenInt8Linear(mod, kept), saved, f"{source}\ntoken-int8")
     model.set_attn_implementation(ROWS)
     return model.float()

@@ -82,7 +82,7 @@ class Plan:
         self.calls, self.buffers, self.x, self.cache = [], {}, None, types.SimpleNamespace(layers=None, mask=None)
         self.h, self.cos, self.sin, self.counts, self.idx = p(), p(), p(), p(), p()
         self.length, self.width = ctypes.c_int(), ctypes.c_int()
-        self.rooms = [(p(), p(), ctypes.c_int(), ctypes.c_long()) for _ in range(layers)]
+        self.cache_views = [(p(), p(), ctypes.c_int(), ctypes.c_long()) for _ in range(layers)]
 
     def buffer(self, name: str, rows: int, width: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The buffer `name` of this shape, one for all layers: each layer's calls write it after the last reader of
@@ -253,7 +253,7 @@ class DecodeStep:
             plan.counts.value, plan.idx.value = counts.data_ptr(), None if idx is None else idx.data_ptr()
             plan.width.value = 0 if idx is None else idx.shape[1]
         plan.cache.layers, plan.cache.mask = cache.layers, mask
-        for layer, (keys, values, room, stride) in zip(cache.layers, plan.rooms):
+        for layer, (keys, values, room, stride) in zip(cache.layers, plan.cache_views):
             if not layer.is_initialized:
                 empty = torch.empty(1, self.kv_heads, 0, self.head_dim, dtype=self.dtype)
                 layer.update(empty, empty)
@@ -279,7 +279,7 @@ class DecodeStep:
         o, act = plan.buffer("o", n, self.heads * d, dt), plan.buffer("act", n, self.inter, dt)
         add = None  # the last product's output, for the residual stream
         for j, (norm1, qkv, out, norm2, gate_up, down, scale) in enumerate(self.layers):
-            keys, values, room, stride = plan.rooms[j]
+            keys, values, room, stride = plan.cache_views[j]
             plan.add(self.add_norm, plan.h, None if add is None else add.data_ptr(), norm1.data_ptr(), n, self.hidden,
                      self.eps, x.data_ptr())
             rows = qkv.bind(plan, x, "qkv")

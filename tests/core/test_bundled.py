@@ -25,8 +25,8 @@ def test_the_progress_says_ready_once_the_pair_is_ready(monkeypatch):
     from specdec_core.models import quant
 
     seen = []
-    quantise = quant.cheapen_draft
-    monkeypatch.setattr(quant, "cheapen_draft", lambda *a, **kw: (seen.append("quantising"), quantise(*a, **kw))[1])
+    quantise = quant.draft_to_int4
+    monkeypatch.setattr(quant, "draft_to_int4", lambda *a, **kw: (seen.append("quantising"), quantise(*a, **kw))[1])
     load_pair("bundled", device="cpu", progress=lambda fraction, note: seen.append((fraction, note.key)))
     keys = [x if isinstance(x, str) else x[1] for x in seen]
     assert keys[-3:] == ["load_draft_int4", "quantising", "load_ready"] and keys.count("load_ready") == 1
@@ -105,14 +105,14 @@ def test_converted_copies_of_earlier_versions_are_removed_and_nothing_else(tmp_p
 def test_a_damaged_quantised_draft_is_made_again_never_loaded(tmp_path, damage):
     """The draft's int4 weights are kept in the cache: one flipped byte in their data (the size and the metadata
     unchanged) is found by the digest written with them, and the file is made again from the model."""
-    from specdec_core.models.quant import cheapen_draft
+    from specdec_core.models.quant import draft_to_int4
 
     _, draft, _ = tiny_models()
     path = tmp_path / "draft-int4.safetensors"
     x = torch.randn(3, 64)
 
     def made():
-        model = cheapen_draft(copy.deepcopy(draft).to(torch.bfloat16), saved=path, source="tiny")
+        model = draft_to_int4(copy.deepcopy(draft).to(torch.bfloat16), saved=path, source="tiny")
         with torch.inference_mode():
             return model.model.layers[0].mlp.up_proj(x.bfloat16())
 

@@ -18,7 +18,7 @@ from specdec_core.drafters import ModelDrafter
 from specdec_core.lookup import HybridDrafter, PromptLookupDrafter
 from specdec_core.models import Pair
 from specdec_core.models import step as step_module
-from specdec_core.models.quant import cheapen_draft
+from specdec_core.models.quant import draft_to_int4
 from specdec_core.models.step import DecodeStep
 from specdec_core.sampling import warp
 from specdec_core.theory import PassCosts
@@ -179,7 +179,7 @@ def test_the_written_out_int4_draft_steps_samples_follow_the_target(toy_pair):
     torch.manual_seed(3)
     cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                       num_key_value_heads=1, initializer_range=0.8, tie_word_embeddings=False)
-    draft = cheapen_draft(Qwen2ForCausalLM(cfg).eval().to(torch.bfloat16))
+    draft = draft_to_int4(Qwen2ForCausalLM(cfg).eval().to(torch.bfloat16))
     step, taken = DecodeStep(draft), []
 
     def spy(ids, cache, length, keep, tree=None, prompt=False):

@@ -15,7 +15,7 @@ from specdec_core import SpecConfig, autoregressive_generate, speculative_genera
 from specdec_core.events import RoundEvent
 from specdec_core.messages import Refusal
 from specdec_core.models import bundled, kquant, native
-from specdec_core.models.quant import cheapen_draft
+from specdec_core.models.quant import draft_to_int4
 from specdec_core.models.tiny import tiny_models
 
 FLAGS = ["-O1", "-shared", "-fPIC"]
@@ -90,12 +90,12 @@ def test_a_lock_held_too_long_ends_the_wait_with_a_message(tmp_path):
 def test_a_valid_cache_file_is_read_where_its_lock_cannot_be_opened(tmp_path):
     _, draft, _ = tiny_models()
     path = tmp_path / "draft-int4.safetensors"
-    cheapen_draft(copy.deepcopy(draft).to(torch.bfloat16), saved=path, source="tiny")
+    draft_to_int4(copy.deepcopy(draft).to(torch.bfloat16), saved=path, source="tiny")
     stamp = path.stat().st_mtime_ns
     lock = tmp_path / (path.name + ".lock")
     lock.unlink(missing_ok=True)
     lock.mkdir()  # opening it as a file fails
-    cheapen_draft(copy.deepcopy(draft).to(torch.bfloat16), saved=path, source="tiny")
+    draft_to_int4(copy.deepcopy(draft).to(torch.bfloat16), saved=path, source="tiny")
     assert path.stat().st_mtime_ns == stamp  # read, not made again
 
 
@@ -171,7 +171,7 @@ def test_cached_tensors_of_the_wrong_shape_are_made_again_never_read(tmp_path, r
 
     _, draft, _ = tiny_models()
     path = tmp_path / f"{role}.safetensors"
-    make = (lambda m: cheapen_draft(m.to(torch.bfloat16), saved=path, source="tiny")) if role == "draft" else \
+    make = (lambda m: draft_to_int4(m.to(torch.bfloat16), saved=path, source="tiny")) if role == "draft" else \
         (lambda m: quantise_target(m.float(), saved=path, source="tiny"))
     x = torch.randn(2, draft.config.hidden_size)
     layer = lambda m: m.model.layers[0].mlp.up_proj

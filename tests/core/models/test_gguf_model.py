@@ -274,7 +274,7 @@ def test_speculative_decoding_on_the_blocks_is_plain_decoding(files, exact_targe
 
 
 def test_a_lazy_model_reads_a_linears_values_only_when_no_quantised_weights_were_made(files, tmp_path):
-    from specdec_core.models.quant import cheapen_draft
+    from specdec_core.models.quant import draft_to_int4
 
     reads = []
 
@@ -283,7 +283,7 @@ def test_a_lazy_model_reads_a_linears_values_only_when_no_quantised_weights_were
         for m in model.modules():
             if hasattr(m, "values"):
                 m.values = (lambda read: lambda: reads.append(1) or read())(m.values)
-        return cheapen_draft(model, saved=tmp_path / "int4.safetensors", source="tiny")
+        return draft_to_int4(model, saved=tmp_path / "int4.safetensors", source="tiny")
 
     first = load()
     assert len(reads) == 15  # every Linear, once, to quantise it

@@ -9,7 +9,7 @@ from safetensors import safe_open
 from specdec_core import SpecConfig, generate
 from specdec_core.models import int4_vnni, native, quant
 from specdec_core.models.int8 import TokenInt8Linear
-from specdec_core.models.quant import Int4Linear, PackedLinear, can_pack, cheapen_draft, pack_linears
+from specdec_core.models.quant import Int4Linear, PackedLinear, can_pack, draft_to_int4, pack_linears
 
 from ...conftest import with_eos
 
@@ -85,11 +85,11 @@ def test_the_int4_vnni_product_is_the_reference_arithmetic_for_any_number_of_row
 
 
 def test_the_draft_falls_back_to_int8_where_the_int4_product_does_not_fit(tiny):
-    draft = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16))
+    draft = draft_to_int4(copy.deepcopy(tiny.draft).to(torch.bfloat16))
     assert isinstance(draft.model.layers[0].mlp.down_proj, Int4Linear)
     assert isinstance(draft.model.layers[0].self_attn.k_proj, Int4Linear)
     assert isinstance(draft.lm_head, TokenInt8Linear)  # 259 rows: the int4 kernel wants a multiple of 16
-    fp32 = cheapen_draft(copy.deepcopy(tiny.draft).float())  # the int4 kernel is slow with float32
+    fp32 = draft_to_int4(copy.deepcopy(tiny.draft).float())  # the int4 kernel is slow with float32
     assert all(isinstance(m, TokenInt8Linear) for m in (fp32.model.layers[0].mlp.down_proj, fp32.model.layers[0].mlp.up_proj))
     assert not any(type(m) is torch.nn.Linear for m in (*draft.modules(), *fp32.modules()))
     ids = torch.tensor([[5, 9, 33]])
@@ -99,9 +99,9 @@ def test_the_draft_falls_back_to_int8_where_the_int4_product_does_not_fit(tiny):
     assert out32.dtype == torch.float32 and 0 < (out32 - ref).abs().max() < 0.05 * ref.abs().max()
 
 
-def test_cheapened_draft_stays_lossless(tiny):
+def test_a_quantised_draft_stays_lossless(tiny):
     pair = with_eos(tiny, [])
-    cheap = dataclasses.replace(pair, draft=cheapen_draft(copy.deepcopy(pair.draft)))
+    cheap = dataclasses.replace(pair, draft=draft_to_int4(copy.deepcopy(pair.draft)))
     cfg = SpecConfig(k=4, max_new_tokens=40)
     out = generate(cheap, "hello there", cfg)
     assert out.token_ids == generate(pair, "hello there", cfg, "autoregressive").token_ids
@@ -128,15 +128,15 @@ def test_packed_linears_give_the_same_logits(tiny):
 def test_saved_draft_is_the_same_draft_and_stale_files_are_rebuilt(tiny, tmp_path, dtype):
     x = torch.tensor([[5, 17, 42, 99, 7, 8, 9, 10, 11, 12]])  # 10 rows: int4 layers take their int8 twin
     path = tmp_path / "draft.safetensors"
-    fresh = cheapen_draft(copy.deepcopy(tiny.draft).to(dtype), saved=path, source="weights v1")
+    fresh = draft_to_int4(copy.deepcopy(tiny.draft).to(dtype), saved=path, source="weights v1")
     assert path.exists()
     other = torch.bfloat16 if dtype == torch.float32 else torch.float32
     for damage in (None, "other source", "other dtype", "corrupt"):
         if damage == "corrupt":
             path.write_bytes(b"not a safetensors file")
         if damage == "other dtype":  # int8 layers (float32) or int4 ones (bfloat16) under this name: rebuilt, not misread
-            cheapen_draft(copy.deepcopy(tiny.draft).to(other), saved=path, source="weights v1")
-        reloaded = cheapen_draft(copy.deepcopy(tiny.draft).to(dtype), saved=path,
+            draft_to_int4(copy.deepcopy(tiny.draft).to(other), saved=path, source="weights v1")
+        reloaded = draft_to_int4(copy.deepcopy(tiny.draft).to(dtype), saved=path,
                                  source="weights v2" if damage == "other source" else "weights v1")
         with torch.inference_mode():
             assert torch.equal(fresh(x).logits, reloaded(x).logits)

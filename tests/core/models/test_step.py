@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from specdec_core.cache import CachedModel, TreeInput
 from specdec_core.models import native, quant
 from specdec_core.models import step as step_module
-from specdec_core.models.quant import cheapen_draft
+from specdec_core.models.quant import draft_to_int4
 from specdec_core.models.step import DecodeStep
 
 
@@ -96,7 +96,7 @@ def test_every_build_of_the_small_operations_computes_the_same_bits(tmp_path):
 
 
 def test_where_the_draft_steps_operations_cannot_be_built_the_draft_takes_the_general_forward(tiny, monkeypatch, tmp_path):
-    draft = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16))  # its int4 product built as it is
+    draft = draft_to_int4(copy.deepcopy(tiny.draft).to(torch.bfloat16))  # its int4 product built as it is
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "no-such-compiler")
     step_module.ops.cache_clear()
@@ -116,7 +116,7 @@ def test_the_written_out_draft_step_follows_the_general_forward(tiny):
     (a prompt, a tree level), cropped after a rejection or compacted onto a tree's path."""
     if step_module.ops() is None:
         pytest.skip("step_ops.c cannot be built here (a warning said why)")
-    draft = cheapen_draft(copy.deepcopy(tiny.draft).to(torch.bfloat16))
+    draft = draft_to_int4(copy.deepcopy(tiny.draft).to(torch.bfloat16))
     assert DecodeStep.fits(draft) and not DecodeStep.fits(tiny.draft)  # float32 projections: the general forward
     step, taken = DecodeStep(draft), []
 

@@ -30,7 +30,7 @@ import torch
 
 from .. import SpecConfig, autoregressive_generate, generate, load_pair, speculative_generate, summarize
 from ..models.files import DRAFT, TARGET, default_cache_dir
-from ..models.kquant import quantise
+from ..models.kernels.kquant import quantise
 from ..theory import expected_speedup
 from ..timing import pass_ms, passes_ms
 from .gpu import every_k, simulated

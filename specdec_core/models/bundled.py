@@ -19,7 +19,7 @@ from ..messages import Note, Refusal
 from .files import DRAFT, TARGET, BundledModel, default_cache_dir, file_digest, part_paths
 from .gguf_file import GGUF
 from .gguf_pair import MANIFEST, load_files
-from .native import remove_leftovers
+from .kernels.native import remove_leftovers
 from .pair import Pair, Progress
 
 

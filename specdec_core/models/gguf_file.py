@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from .kquant import GGML_TYPES, ROW_KINDS, dequantise_rows
+from .kernels.kquant import GGML_TYPES, ROW_KINDS, dequantise_rows
 
 ARCHITECTURES = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
 SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}

@@ -16,7 +16,7 @@ from transformers import GenerationConfig, LlamaForCausalLM, Qwen2ForCausalLM
 from transformers.initialization import no_init_weights
 
 from .gguf_file import ARCHITECTURES, GGUF, dequantise, q8_0_of
-from .kquant import GGML_TYPES, KQuantLinear, as_bytes, packed_size
+from .kernels.kquant import GGML_TYPES, KQuantLinear, as_bytes, packed_size
 
 HF_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",

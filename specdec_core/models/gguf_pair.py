@@ -20,7 +20,7 @@ from ..messages import Note, Refusal
 from .files import default_cache_dir, file_digest, identity
 from .gguf_file import GGUF
 from .gguf_model import load_dense, load_target
-from .native import locked, remove_leftovers
+from .kernels.native import locked, remove_leftovers
 from .pair import Pair, PairInfo, Progress, dtype_name, make_pair
 from .sources import gguf_files, is_gguf
 

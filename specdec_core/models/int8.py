@@ -9,7 +9,7 @@ import warnings
 import torch
 from torch import nn
 
-from .int8_vnni import Int8Product, fits as vnni_fits
+from .kernels.int8_vnni import Int8Product, fits as vnni_fits
 
 
 def channel_scales(w: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ from ..cache import PADDED_SIZES, CompiledForward, padded_size
 from ..config import MAX_GUESS, TARGET_QUANTS
 from ..messages import Note, Refusal
 from .attention import GROUPED, ROWS
-from .kquant import library as kquant_library
+from .kernels.kquant import library as kquant_library
 from .pair import Pair, PairInfo, Progress, check_tokenizers, dtype_name, dtype_named, make_pair, pick_device, pick_dtype
 from .quant import fits_blocks
 from .sources import is_gguf
@@ -191,7 +191,7 @@ def auto_target_quant(target: str, device: torch.device) -> str:
 
 def on_blocks(model: torch.nn.Module) -> bool:
     """Whether the model computes on GGUF blocks already (a GGUF target read so)."""
-    from .kquant import KQuantLinear
+    from .kernels.kquant import KQuantLinear
 
     return any(isinstance(m, KQuantLinear) for m in model.modules())
 

@@ -27,11 +27,11 @@ from torch import nn
 
 from .attention import ROWS
 from .files import file_digest
-from .int4_vnni import fits as int4_fits, pack as int4_pack, product as int4_product
+from .kernels.int4_vnni import fits as int4_fits, pack as int4_pack, product as int4_product
 from .int8 import TokenInt8Linear, saved_layout
-from .kquant import KQuantLinear, q8_0
-from .kquant import fits as blocks_fit
-from .native import locked
+from .kernels.kquant import KQuantLinear, q8_0
+from .kernels.kquant import fits as blocks_fit
+from .kernels.native import locked
 
 
 class PackedLinear(nn.Module):

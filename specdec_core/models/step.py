@@ -30,44 +30,21 @@ import functools
 import itertools
 import threading
 import types
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from ..cache import RoomLayer, TreeInput
 from ..config import MAX_K
-from . import int4_vnni
 from .attention import row_attention
-from .int4_vnni import product as int4_product
-from .kquant import KQuantLinear, visible
-from .kquant import library as kquant_library
-from .native import AVX512_VNNI, AVX512_VNNI_FLAGS, cpu_flags, load
+from .kernels import int4_vnni
+from .kernels.int4_vnni import product as int4_product
+from .kernels.kquant import KQuantLinear, visible
+from .kernels.kquant import library as kquant_library
+from .kernels.step_ops import ops
 from .quant import Int4Linear
 
-SOURCE = Path(__file__).with_name("step_ops.c")
-# the activation's selects vectorise only where no exception flag is kept (the same values: 5x faster for a 17-row
-# pass); no contraction, so that the AVX-512 build (where kquant.c's runs: 3x faster activations than SSE2's, 2x
-# faster norms) computes any other build's bits
-FLAGS = ["-O3", "-fno-trapping-math", "-ffp-contract=off", "-shared", "-fPIC"]
 PLANNED = MAX_K + 1  # forwards of up to this many rows keep their plans: a step, a chain's pass, a tree's level
-
-
-@functools.cache
-def ops() -> ctypes.CDLL | None:
-    """step_ops.c, built; None where it cannot be (a warning says why: the draft then takes the general forward)."""
-    wide = AVX512_VNNI_FLAGS if AVX512_VNNI <= cpu_flags() else []
-    lib, _ = load(SOURCE, FLAGS + wide, set(), "the draft's written-out step is not used: {why}")
-    return None if lib is None else bind(lib)
-
-
-def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    p, i = ctypes.c_void_p, ctypes.c_int
-    for suffix in ("", "_f32"):
-        getattr(lib, "add_norm" + suffix).argtypes = [p, p, p, i, i, ctypes.c_float, p]
-        getattr(lib, "rotate_write" + suffix).argtypes = [p, p, p, i, i, i, i, p, p, p, i, i]
-        getattr(lib, "silu_mul" + suffix).argtypes = [p, i, i, p]
-    return lib
 
 
 class Plan:

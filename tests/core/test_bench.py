@@ -11,7 +11,7 @@ from specdec_core.bench import gpu as gpu_bench
 from specdec_core.bench import peer
 from specdec_core.bench import prompts as bench
 from specdec_core.engine import encode_request
-from specdec_core.models import int8_vnni
+from specdec_core.models.kernels import int8_vnni
 from specdec_core.models.quant import draft_to_int4
 from specdec_core.models.step import DecodeStep
 

@@ -54,7 +54,7 @@ def test_the_default_target_gives_a_position_the_same_logits_in_a_step_and_in_an
     """The CPU default (the target on its file's Q4_K/Q6_K blocks): 17 positions fed one at a time, as plain decoding does, against the
     same positions in one chain pass, and a tree's branch against its tokens fed alone: equal bit for bit, through the
     forward the pair runs."""
-    from specdec_core.models import kquant
+    from specdec_core.models.kernels import kquant
 
     from .models.test_int8 import logits_alone_and_in_a_pass
 

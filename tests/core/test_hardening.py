@@ -14,7 +14,8 @@ import torch
 from specdec_core import SpecConfig, autoregressive_generate, speculative_generate
 from specdec_core.events import RoundEvent
 from specdec_core.messages import Refusal
-from specdec_core.models import bundled, kquant, native
+from specdec_core.models import bundled
+from specdec_core.models.kernels import kquant, native
 from specdec_core.models.quant import draft_to_int4
 from specdec_core.models.tiny import tiny_models
 
@@ -42,7 +43,7 @@ def test_blocks_are_read_in_pytorch_as_the_kernel_reads_them(kind):
 
 def test_without_kernels_a_gguf_target_and_draft_load_and_decode_exactly(monkeypatch, tmp_path):
     """SPECDEC_KERNELS=off: no C at all; the file's blocks are read in PyTorch, the target made int8 (exact)."""
-    from specdec_core.models import int4_vnni, int8_vnni
+    from specdec_core.models.kernels import int4_vnni, int8_vnni
     from specdec_core.models.gguf_model import load_dense, load_target
     from .models.test_gguf_model import random_model, write_gguf
 
@@ -125,7 +126,7 @@ def test_a_broken_kernel_file_is_built_again(monkeypatch, tmp_path, damage):
     swap.write_bytes(data)
     swap.replace(built)
     # a later start, in a process of its own (this one has the first file loaded under that name)
-    code = (f"from pathlib import Path; from specdec_core.models import native; "
+    code = (f"from pathlib import Path; from specdec_core.models.kernels import native; "
             f"lib, why = native.build(Path({str(kernel)!r}), {FLAGS!r}); print('VERSION', lib and lib.version(), why)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "VERSION 7 " in out.stdout, out.stdout + out.stderr[-1000:]

@@ -11,8 +11,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specdec_core import SpecConfig, generate
 from specdec_core.cache import CachedModel, TreeInput
-from specdec_core.models import Pair, gguf_model, kquant
+from specdec_core.models import Pair, gguf_model
 from specdec_core.models.attention import ROWS
+from specdec_core.models.kernels import kquant
 from specdec_core.models.step import DecodeStep, KQuantProduct
 
 from ...conftest import FLAT_COSTS

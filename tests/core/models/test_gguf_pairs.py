@@ -14,7 +14,8 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from specdec_core import SpecConfig, generate, load_pair
 from specdec_core.messages import Refusal
-from specdec_core.models import gguf_model, gguf_pair, kquant, sources
+from specdec_core.models import gguf_model, gguf_pair, sources
+from specdec_core.models.kernels import kquant
 
 from ...conftest import FLAT_COSTS
 from .test_gguf_model import GGUF_NAMES, needs_kernel

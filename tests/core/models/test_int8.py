@@ -9,8 +9,9 @@ from safetensors import safe_open
 
 from specdec_core import SpecConfig, generate
 from specdec_core.cache import CachedModel
-from specdec_core.models import int8, int8_vnni, native
+from specdec_core.models import int8
 from specdec_core.models.int8 import TokenInt8Linear
+from specdec_core.models.kernels import int8_vnni, native
 from specdec_core.models.quant import quantise_target, replace_linears
 
 from ...conftest import with_eos

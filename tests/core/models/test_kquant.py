@@ -10,7 +10,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from specdec_core.models import kquant, native
+from specdec_core.models.kernels import kquant, native
 
 GGML = {4: GGMLQuantizationType.Q4_K, 5: GGMLQuantizationType.Q5_K, 6: GGMLQuantizationType.Q6_K,
         8: GGMLQuantizationType.Q8_0}

@@ -50,7 +50,8 @@ def test_a_hub_target_computes_on_q8_0_blocks_made_from_its_values_exactly(model
     """The arithmetic of a GGUF target: a position's logits the same bits in a step and in any pass, greedy output
     plain decoding's; a target of other shapes falls back to int8 by default, and is refused by name when blocks are
     asked for."""
-    from specdec_core.models import kquant, load
+    from specdec_core.models import load
+    from specdec_core.models.kernels import kquant
 
     from .test_gguf_model import needs_kernel
     from .test_int8 import logits_alone_and_in_a_pass

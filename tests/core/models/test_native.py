@@ -8,9 +8,10 @@ import time
 import pytest
 import torch
 
-from specdec_core.models import int4_vnni, int8, int8_vnni, kquant, native, quant, step
+from specdec_core.models import int8, quant
+from specdec_core.models.kernels import int4_vnni, int8_vnni, kquant, native, step_ops
 
-KERNELS = {"int8": int8_vnni.FLAGS, "int4": int4_vnni.FLAGS, "step": step.FLAGS,
+KERNELS = {"int8": int8_vnni.FLAGS, "int4": int4_vnni.FLAGS, "step": step_ops.FLAGS,
            "kquant": kquant.COMMON + native.AVX512_VNNI_FLAGS}
 
 
@@ -92,7 +93,7 @@ def test_the_kernels_wrappers_refuse_rows_of_another_shape_or_type():
 
 def test_the_kernels_can_be_turned_off_and_the_fallbacks_run(monkeypatch, tmp_path):
     """SPECDEC_KERNELS=off: none of ours is built or loaded; the int8 target and the int4 draft keep PyTorch's."""
-    from specdec_core.models import kquant
+    from specdec_core.models.kernels import kquant
 
     monkeypatch.setenv("SPECDEC_KERNELS", "off")
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))

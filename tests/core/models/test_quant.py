@@ -7,7 +7,8 @@ import torch
 from safetensors import safe_open
 
 from specdec_core import SpecConfig, generate
-from specdec_core.models import int4_vnni, native, quant
+from specdec_core.models import quant
+from specdec_core.models.kernels import int4_vnni, native
 from specdec_core.models.int8 import TokenInt8Linear
 from specdec_core.models.quant import Int4Linear, PackedLinear, can_pack, draft_to_int4, pack_linears
 

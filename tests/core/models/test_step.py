@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from specdec_core.cache import CachedModel, TreeInput
-from specdec_core.models import native, quant
+from specdec_core.models import quant
 from specdec_core.models import step as step_module
+from specdec_core.models.kernels import native, step_ops
 from specdec_core.models.quant import draft_to_int4
 from specdec_core.models.step import DecodeStep
 
@@ -84,12 +85,12 @@ def test_every_build_of_the_small_operations_computes_the_same_bits(tmp_path):
         pytest.skip("this CPU has no AVX-512 (VNNI) to build step_ops.c for")
 
     def built(flags):
-        lib, why = native.build(step_module.SOURCE, flags, tmp_path)
+        lib, why = native.build(step_ops.SOURCE, flags, tmp_path)
         assert lib is not None, why
-        return small_operations(step_module.bind(lib))
+        return small_operations(step_ops.bind(lib))
 
-    wide = step_module.FLAGS + native.AVX512_VNNI_FLAGS
-    anywhere, avx512 = built(step_module.FLAGS), built(wide)
+    wide = step_ops.FLAGS + native.AVX512_VNNI_FLAGS
+    anywhere, avx512 = built(step_ops.FLAGS), built(wide)
     assert all(torch.equal(a, b) for a, b in zip(anywhere, avx512, strict=True))
     fused = built([f for f in wide if f != "-ffp-contract=off"] + ["-ffp-contract=fast"])
     assert not all(torch.equal(a, b) for a, b in zip(anywhere, fused, strict=True))

@@ -15,7 +15,7 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
-from .files import default_cache_dir
+from ..files import default_cache_dir
 
 try:
     import fcntl

@@ -1,0 +1,32 @@
+"""The small operations between a written-out forward's products (step_ops.c: norms with the residual adds, the
+rotation with the cache writes, the activation), built on first use (native.py)."""
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+from .native import AVX512_VNNI, AVX512_VNNI_FLAGS, cpu_flags, load
+
+SOURCE = Path(__file__).with_name("step_ops.c")
+# the activation's selects vectorise only where no exception flag is kept (the same values: 5x faster for a 17-row
+# pass); no contraction, so that the AVX-512 build (where kquant.c's runs: 3x faster activations than SSE2's, 2x
+# faster norms) computes any other build's bits
+FLAGS = ["-O3", "-fno-trapping-math", "-ffp-contract=off", "-shared", "-fPIC"]
+
+
+@functools.cache
+def ops() -> ctypes.CDLL | None:
+    """step_ops.c, built; None where it cannot be (a warning says why: the draft then takes the general forward)."""
+    wide = AVX512_VNNI_FLAGS if AVX512_VNNI <= cpu_flags() else []
+    lib, _ = load(SOURCE, FLAGS + wide, set(), "the draft's written-out step is not used: {why}")
+    return None if lib is None else bind(lib)
+
+
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    p, i = ctypes.c_void_p, ctypes.c_int
+    for suffix in ("", "_f32"):
+        getattr(lib, "add_norm" + suffix).argtypes = [p, p, p, i, i, ctypes.c_float, p]
+        getattr(lib, "rotate_write" + suffix).argtypes = [p, p, p, i, i, i, i, p, p, p, i, i]
+        getattr(lib, "silu_mul" + suffix).argtypes = [p, i, i, p]
+    return lib

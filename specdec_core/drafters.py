@@ -21,12 +21,12 @@ from torch import nn
 
 from .cache import CachedModel, TreeInput
 from .config import MAX_GUESS
-from .drafts import CachedNodes, Draft, GrowingDraft, Node, children, without
+from .drafts import CachedNodes, Draft, GrowingDraft, Node
 from .events import chain
 from .lookup import HybridDrafter, Ngrams, PromptLookupDrafter
 from .messages import Refusal
 from .policy import Policy
-from .sampling import warp
+from .sampling import children, warp, without
 from .theory import PassCosts, tree_size
 from .timing import tree_costs
 from .transfer import upload

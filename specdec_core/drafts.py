@@ -1,5 +1,6 @@
-"""What a drafter proposes (Draft), and the pieces a draft model's token tree grows from: its nodes, their
-children's draws, and the nodes fed to the draft's cache. NoDrafter proposes nothing: plain decoding."""
+"""What a drafter proposes (Draft), and the data a draft model's token tree grows in: its nodes, the draft as it
+grows, and the nodes fed to the draft's cache (the draws themselves: sampling.children). NoDrafter proposes nothing:
+plain decoding."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,8 +9,7 @@ from typing import NamedTuple
 import torch
 
 from .events import chain
-from .sampling import sample
-from .transfer import Transfer, upload
+from .transfer import Transfer
 
 
 @dataclass
@@ -32,14 +32,6 @@ class Draft:
         return self.tokens.numel()
 
 
-def without(q: torch.Tensor, tokens: list[int]) -> torch.Tensor:
-    """q with `tokens` removed and renormalised: the distribution of a draw made after them without replacement."""
-    if not tokens:
-        return q
-    q = q.index_fill(0, upload(tokens, q.device, torch.long), 0.0)
-    return q / q.sum()
-
-
 class Node(NamedTuple):
     """A drafted tree node."""
     token: int
@@ -58,19 +50,6 @@ class CachedNodes(NamedTuple):
     start: int
     tokens: list[int]
     parents: list[int]
-
-
-def children(q: torch.Tensor, logits: torch.Tensor, width: int, cfg, generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's `width` children [rows, width], and the probabilities that rank them: the j-th child is ranked
-    at its row's j-th largest probability (under q; greedy, whose q is one-hot: under the draft's softmax)."""
-    ranked = torch.softmax(logits.float(), -1) if cfg.greedy else q
-    top, picks = torch.topk(ranked, width, -1)
-    if width == 1:  # a chain: the argmax, or one draw from q
-        picks = q.argmax(-1, keepdim=True) if cfg.greedy else sample(q, generator)[..., None]
-    elif not cfg.greedy:  # Gumbel top-k: `width` draws without replacement, in the order drawn
-        u = torch.rand(q.shape, generator=generator, device=q.device).clamp_(min=1e-20)
-        picks = torch.topk(torch.where(q > 0, q.log() - (-u.log()).log(), float("-inf")), width, -1).indices
-    return top, picks
 
 
 @dataclass

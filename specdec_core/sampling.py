@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from .transfer import upload
+
 
 class NonFiniteLogitsError(RuntimeError):
     """A model produced NaN or infinite logits (for example float16 overflow)."""
@@ -62,3 +64,22 @@ def invert(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, u * cdf[..., -1:], right=True)[..., 0]
 
 
+def children(q: torch.Tensor, logits: torch.Tensor, width: int, cfg, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's `width` children [rows, width], and the probabilities that rank them: the j-th child is ranked
+    at its row's j-th largest probability (under q; greedy, whose q is one-hot: under the draft's softmax)."""
+    ranked = torch.softmax(logits.float(), -1) if cfg.greedy else q
+    top, picks = torch.topk(ranked, width, -1)
+    if width == 1:  # a chain: the argmax, or one draw from q
+        picks = q.argmax(-1, keepdim=True) if cfg.greedy else sample(q, generator)[..., None]
+    elif not cfg.greedy:  # Gumbel top-k: `width` draws without replacement, in the order drawn
+        u = torch.rand(q.shape, generator=generator, device=q.device).clamp_(min=1e-20)
+        picks = torch.topk(torch.where(q > 0, q.log() - (-u.log()).log(), float("-inf")), width, -1).indices
+    return top, picks
+
+
+def without(q: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    """q with `tokens` removed and renormalised: the distribution of a draw made after them without replacement."""
+    if not tokens:
+        return q
+    q = q.index_fill(0, upload(tokens, q.device, torch.long), 0.0)
+    return q / q.sum()

@@ -28,7 +28,6 @@ from .messages import Refusal
 from .policy import Policy
 from .sampling import children, warp, without
 from .theory import PassCosts, tree_size
-from .timing import tree_costs
 from .transfer import upload
 
 TREE_WIDTH = 4  # a tree node's children
@@ -283,11 +282,11 @@ DRAFTERS = ("model", "hybrid", "prompt-lookup", "early-exit")  # by name; the fi
 def make_drafter(pair, name: str = DRAFTERS[0], cfg=None):
     """By name: "model" (the pair's draft), "prompt-lookup" (n-grams), "hybrid" (n-grams when text is copied,
     else the draft), "early-exit" (the target's first quarter of layers). A model's drafts go as far as this
-    device's pass costs say they pay (timing.tree_costs: timed once per pair). `cfg` is not read: the drafter takes
+    device's pass costs say they pay (Pair.costs: timed once per pair). `cfg` is not read: the drafter takes
     each round's settings as it proposes."""
     if name == "prompt-lookup":
         return PromptLookupDrafter()
-    costs = tree_costs(pair)
+    costs = pair.costs()
     if name in ("model", "hybrid"):
         if pair.draft is None:
             raise Refusal("no_draft", pair=repr(pair.name))

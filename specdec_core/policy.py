@@ -10,7 +10,7 @@ own rounds, weighted toward the latest:
     the verdicts on tokens drawn at like probabilities);
   - the draft's costs, from the time its rounds take (sampling and reads included): its first token, each forward
     after it, and how often a later token came with a guess, with no forward of its own; the passes' costs as timed
-    (timing.tree_costs).
+    (Pair.costs).
 Within a round the draft goes on while drafting more, at the forecast worths, raises the round's expected tokens per
 unit time (`go_on`). Before it, a drafter that reads each token as it is drawn (a CPU's) drafts where such a round
 pays on average, its first token as probable as the latest first tokens were (`plan`): where it does not, the round

@@ -1,7 +1,7 @@
 """Timing: a decoder's own clock, and passes of a pair's models timed on the device they run on.
 
-Below the engine and the models: the engine charges each round to its Clock, the drafters size token trees
-from `tree_costs`, the app and the benches read `probe_costs`, `passes_ms` and `contexts_ms`. A pair is used through
+Below the engine and the models: the engine charges each round to its Clock, a pair times its passes with
+`tree_costs` (Pair.costs), the app and the benches read `probe_costs`, `passes_ms` and `contexts_ms`. A pair is used through
 `pair.cached(role)` only, so nothing here imports the models.
 """
 from __future__ import annotations
@@ -118,9 +118,7 @@ TREE_PASS_SIZES = (1, 2, 4, 8, 16, 32, 65)
 
 def tree_costs(pair, context: int = 128) -> PassCosts:
     """What sizes drafts on this device: target passes of 1..65 tokens and a draft forward of one token, relative to
-    the target's one-token step. Timed once per pair, then kept on it."""
-    if pair.pass_costs is None:
-        ms = passes_ms(pair, "target", context, TREE_PASS_SIZES, reps=3, warm=1)
-        draft = passes_ms(pair, "draft", context, (1,), reps=9, warm=2)[1] / ms[1] if pair.draft is not None else 0.0
-        pair.pass_costs = PassCosts({n: t / ms[1] for n, t in ms.items()}, draft, ms[1])
-    return pair.pass_costs
+    the target's one-token step, timed now (Pair.costs times them once and keeps them)."""
+    ms = passes_ms(pair, "target", context, TREE_PASS_SIZES, reps=3, warm=1)
+    draft = passes_ms(pair, "draft", context, (1,), reps=9, warm=2)[1] / ms[1] if pair.draft is not None else 0.0
+    return PassCosts({n: t / ms[1] for n, t in ms.items()}, draft, ms[1])

@@ -108,7 +108,7 @@ def measure(pair, args, graphs: str, accepts: dict[str, float], race_at: str, tr
     pair.compiled.clear()
     t0 = time.perf_counter()
     if graphs != "off":
-        enable_graphs(pair, graphs, max_len=args.context + args.max_new_tokens + 96)
+        pair = enable_graphs(pair, graphs, max_len=args.context + args.max_new_tokens + 96)
     ms = passes_ms(pair, "target", args.context, (1, *PASS_SIZES))
     step, draft_step = ms[1], pass_ms(pair, "draft", args.context, 1)
     passes = {n: ms[n] / step for n in PASS_SIZES}

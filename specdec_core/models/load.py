@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -85,29 +85,32 @@ def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOp
         if o.target_quant == "blocks":
             raise Refusal("blocks_shapes", model=pair.info.target)
         quant = "int8"  # a Hub target of other shapes (inputs not a multiple of 256): int8's products take any
+    said = {}  # the PairInfo fields the steps below fill in
     if pair.draft is not None and cheap_draft:
         progress(0.85, Note("load_draft_int4", model=pair.info.draft))  # a first start's longest phase
-        quantise_draft(pair, *saved.get("draft", (None, "")))
+        said.update(quantise_draft(pair.draft, *saved.get("draft", (None, ""))))
     if pair.draft is not None and dev.type == "cpu" and not as_built:
         # SDPA would repeat the key/value heads over the whole cache every step: a draft step at 1,000 tokens of
         # context would cost nearly twice one at 128 (docs/benchmarks.md); the draft changes only speed
         pair.draft.set_attn_implementation(GROUPED)
         if DecodeStep.fits(pair.draft):  # its decoding steps written out (step.py); prompts and trees as above
             pair.steps["draft"] = DecodeStep(pair.draft)
-    pair.info.target_weights, pair.info.target_quant = dtype_name(dt), quant
+    said.update(target_weights=dtype_name(dt), target_quant=quant)
     if quant in ("blocks", "int8"):
-        make_exact(pair, quant, saved, progress)
+        said.update(make_exact(pair, quant, saved, progress))
     if dev.type == "cpu":
-        pack_and_release(pair, pack=dt == torch.bfloat16 and not as_built)
+        said.update(pack_and_release(pair, pack=dt == torch.bfloat16 and not as_built))
+    pair = replace(pair, info=replace(pair.info, **said))
     if backend != "off":
-        enable_graphs(pair, backend, o.max_len, progress, o.one_shape)
+        pair = enable_graphs(pair, backend, o.max_len, progress, o.one_shape)
     progress(1.0, Note("load_ready"))
     return pair
 
 
-def make_exact(pair: Pair, quant: str, saved: dict, progress: Progress) -> None:
+def make_exact(pair: Pair, quant: str, saved: dict, progress: Progress) -> dict:
     """The target made exact (the same logits in a step and in a pass): on its blocks, each row's attention as a step
-    computes it and every forward written out (step.py), one arithmetic for all; or in int8."""
+    computes it and every forward written out (step.py), one arithmetic for all; or in int8. Returns what the pair's
+    info says of it."""
     from .int8 import TokenInt8Linear
     from .quant import quantise_target, target_on_blocks
 
@@ -115,14 +118,13 @@ def make_exact(pair: Pair, quant: str, saved: dict, progress: Progress) -> None:
         if not on_blocks(pair.target):  # a Hub checkpoint's values, made Q8_0 blocks
             target_on_blocks(pair.target)
         pair.target.set_attn_implementation(ROWS)
-        pair.info.target_weights = f"blocks:{kquant_library()[1]}"
         if DecodeStep.fits(pair.target):
             pair.steps["target"] = DecodeStep(pair.target)
-    else:
-        progress(0.9, Note("load_target_int8", model=pair.info.target))
-        quantise_target(pair.target, *saved.get("target", (None, "")))
-        pair.info.target_weights = "int8"
-        pair.info.target_int8 = "/".join(sorted({m.kernel for m in pair.target.modules() if isinstance(m, TokenInt8Linear)}))
+        return {"target_weights": f"blocks:{kquant_library()[1]}"}
+    progress(0.9, Note("load_target_int8", model=pair.info.target))
+    quantise_target(pair.target, *saved.get("target", (None, "")))
+    kernels = {m.kernel for m in pair.target.modules() if isinstance(m, TokenInt8Linear)}
+    return {"target_weights": "int8", "target_int8": "/".join(sorted(kernels))}
 
 
 def read_models(target: str, draft: str | None, o: LoadOptions, quant: str, cheap_draft: bool, dev: torch.device,
@@ -151,33 +153,33 @@ def read_models(target: str, draft: str | None, o: LoadOptions, quant: str, chea
     return load_hub_pair(target, draft, dev, dt, progress), {}
 
 
-def quantise_draft(pair: Pair, saved, source: str) -> None:
-    """The draft quantised (quant.draft_to_int4), its weights kept in `saved` where there is one."""
+def quantise_draft(draft: torch.nn.Module, saved, source: str) -> dict:
+    """The draft quantised in place (quant.draft_to_int4), its weights kept in `saved` where there is one; returns
+    what the pair's info says of it."""
     from .quant import Int4Linear, draft_to_int4, quant_label
 
-    draft_to_int4(pair.draft, saved=saved, source=source)
-    pair.info.draft_quant = quant_label(pair.draft)
-    int4 = {"vnni" if m.tiles is not None else "torch" for m in pair.draft.modules() if isinstance(m, Int4Linear)}
-    if int4:
-        pair.info.draft_int4 = "/".join(sorted(int4))
+    draft_to_int4(draft, saved=saved, source=source)
+    int4 = {"vnni" if m.tiles is not None else "torch" for m in draft.modules() if isinstance(m, Int4Linear)}
+    return {"draft_quant": quant_label(draft), **({"draft_int4": "/".join(sorted(int4))} if int4 else {})}
 
 
-def pack_and_release(pair: Pair, pack: bool) -> None:
+def pack_and_release(pair: Pair, pack: bool) -> dict:
     """pack: every remaining bfloat16 Linear weight prepacked for oneDNN (the same numbers, faster); then each model's
-    parameters in memory of its own, and the heap that loading freed given back."""
+    parameters in memory of its own, and the heap that loading freed given back. Returns what the pair's info says
+    of it."""
     from .quant import can_pack, pack_linears
 
+    said = {}
     for role in ("target", "draft") if pack else ():
         model = getattr(pair, role)
         if model is not None and can_pack(model):
             pack_linears(model)
-            pair.info.packed = "oneDNN prepacked weights"
-            if role == "target":
-                pair.info.target_prepacked = True
+            said.update(packed="oneDNN prepacked weights", **({"target_prepacked": True} if role == "target" else {}))
     for model in (pair.target, pair.draft):
         if model is not None:
             own_memory(model)
     release_freed_memory()
+    return said
 
 
 def auto_target_quant(target: str, device: torch.device) -> str:
@@ -217,10 +219,11 @@ def release_freed_memory() -> None:
 
 
 def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | None = None,
-                  one_shape: bool = True) -> None:
+                  one_shape: bool = True) -> Pair:
     """Compile both models' decoding steps now, for the sizes a default round uses, so that the
     first run does not stop to compile (on a 7B-shaped target on an H200: minutes), with transformers' SDPA
-    attention (docs/benchmarks.md: the compiled H200 runs). one_shape: the target's at one size (LoadOptions)."""
+    attention (docs/benchmarks.md: the compiled H200 runs). one_shape: the target's at one size (LoadOptions).
+    Returns the pair that runs them (its context capped to fit the static caches)."""
     progress = progress or (lambda f, m: None)
     if pair.target.config._attn_implementation == ROWS:
         raise Refusal("graphs_rows")
@@ -241,9 +244,10 @@ def enable_graphs(pair: Pair, backend: str, max_len: int, progress: Progress | N
             progress(0.95, Note("load_compiling", backend=backend, n=n))
             lm.forward(torch.zeros(n, dtype=torch.long, device=lm.device), keep=1)
             lm.crop(8)
-    pair.context_length = min(pair.context_length, max_len - PADDED_SIZES[-1])
-    pair.info.graphs = f"compiled steps ({backend}), static caches of {max_len} positions" + (
+    graphs = f"compiled steps ({backend}), static caches of {max_len} positions" + (
         f", the target's at one shape ({width} rows)" if width else "")
+    return replace(pair, context_length=min(pair.context_length, max_len - PADDED_SIZES[-1]),
+                   info=replace(pair.info, graphs=graphs))
 
 
 def load_hub_pair(target_id: str, draft_id: str, device: torch.device, dtype: torch.dtype,

@@ -1,4 +1,5 @@
-"""A model pair: a target, a draft sharing its tokenizer, and what belongs to the two models."""
+"""A model pair: a target, a draft sharing its tokenizer, and what belongs to the two models. A Pair is built once,
+by load_pair, and never changed after (frozen: dataclasses.replace makes another)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -10,11 +11,12 @@ from ..cache import CachedModel, CompiledForward, SharedHead
 from ..messages import Refusal
 from ..text import template_head
 from ..theory import PassCosts
+from ..timing import tree_costs
 
 Progress = Callable[[float, str], None]  # (fraction done, message)
 
 
-@dataclass
+@dataclass(frozen=True)
 class PairInfo:
     """What people are shown of a pair: its models and how each computes."""
     target: str = ""  # the models' names
@@ -29,7 +31,7 @@ class PairInfo:
     graphs: str = ""  # compiled steps, on a GPU
 
 
-@dataclass
+@dataclass(frozen=True)
 class Pair:
     name: str
     target: torch.nn.Module
@@ -44,7 +46,17 @@ class Pair:
     compiled: dict[str, CompiledForward] = field(default_factory=dict)  # "target" / "draft" -> its compiled forward
     heads: dict[str, SharedHead] = field(default_factory=dict)  # "target" / "draft" -> the chat head's keys and values
     steps: dict[str, Callable] = field(default_factory=dict)  # "draft" -> its written-out decoding step (step.py)
-    pass_costs: PassCosts | None = None  # what sizes token trees here: timed on first use (timing.tree_costs)
+    pass_costs: PassCosts | None = None  # what sizes drafts here; None: timed on first use (costs())
+    timed: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # what costs() timed
+
+    def costs(self) -> PassCosts:
+        """The target's passes and the draft's forward relative to a target step: `pass_costs`, or timed on this
+        device on first use (timing.tree_costs) and kept with the pair."""
+        if self.pass_costs is not None:
+            return self.pass_costs
+        if "passes" not in self.timed:
+            self.timed["passes"] = tree_costs(self)
+        return self.timed["passes"]
 
     def cached(self, role: str) -> CachedModel:
         """A fresh cache over the target or the draft, with that model's compiled or written-out steps and shared

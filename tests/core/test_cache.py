@@ -37,7 +37,7 @@ def test_static_caches_decode_the_same_tokens(fresh_pair, backend, request):
     if backend is None:
         request.getfixturevalue("uncompiled")
     before = runs(fresh_pair)
-    enable_graphs(fresh_pair, backend or "eager", max_len=256)
+    fresh_pair = enable_graphs(fresh_pair, backend or "eager", max_len=256)
     if backend is None:
         fresh_pair.compiled["target"].compiled = fresh_pair.compiled["draft"].compiled = None
     assert runs(fresh_pair) == before
@@ -50,14 +50,14 @@ def test_one_shape_gives_a_position_the_same_logits_in_a_step_and_in_a_chain_pas
     Fed at each input's own padded size (one_shape=False), they part."""
     prompt, ids = list(range(3, 60)), torch.arange(100, 117)
     for one_shape in (True, False):
-        enable_graphs(fresh_pair, "eager", max_len=256, one_shape=one_shape)
+        fresh_pair = enable_graphs(fresh_pair, "eager", max_len=256, one_shape=one_shape)
         lm = fresh_pair.cached("target")
         lm.prefill(prompt)
         alone = torch.stack([lm.forward(ids[i: i + 1], keep=1)[0] for i in range(len(ids))])
         lm.crop(len(prompt))
         assert torch.equal(lm.forward(ids, keep=len(ids)), alone) == one_shape
         assert (fresh_pair.compiled["target"].width == 32) == one_shape
-    enable_graphs(fresh_pair, "eager", max_len=256)
+    fresh_pair = enable_graphs(fresh_pair, "eager", max_len=256)
     cfg = SpecConfig(k=8, max_new_tokens=40)
     assert generate(fresh_pair, "one shape", cfg).token_ids == generate(fresh_pair, "one shape", cfg, "autoregressive").token_ids
 
@@ -65,7 +65,7 @@ def test_one_shape_gives_a_position_the_same_logits_in_a_step_and_in_a_chain_pas
 def test_interleaved_decoders_get_their_own_cache(fresh_pair, uncompiled):
     cfg = SpecConfig(k=4, max_new_tokens=30)
     alone = [generate(fresh_pair, "race", cfg, m).token_ids for m in ("speculative", "autoregressive")]
-    enable_graphs(fresh_pair, "eager", max_len=256)
+    fresh_pair = enable_graphs(fresh_pair, "eager", max_len=256)
     streams = {0: speculative_generate(fresh_pair, "race", cfg), 1: autoregressive_generate(fresh_pair, "race", cfg)}
     ids = [[], []]
     while streams:  # the app's race: one round of each in turn, on one target
@@ -82,7 +82,7 @@ def test_interleaved_decoders_get_their_own_cache(fresh_pair, uncompiled):
 def test_a_failing_compiled_step_falls_back_without_changing_output(fresh_pair, uncompiled):
     cfg = SpecConfig(k=4, max_new_tokens=30)
     before = generate(fresh_pair, "fallback", cfg).token_ids
-    enable_graphs(fresh_pair, "eager", max_len=256)
+    fresh_pair = enable_graphs(fresh_pair, "eager", max_len=256)
 
     def broken(**kwargs):
         raise RuntimeError("no compiler here")
@@ -105,7 +105,7 @@ def test_a_default_run_uses_only_the_sizes_compiled_at_load(fresh_pair, monkeypa
         return step
 
     monkeypatch.setattr(torch, "compile", recording)
-    enable_graphs(fresh_pair, "eager", max_len=512)
+    fresh_pair = enable_graphs(fresh_pair, "eager", max_len=512)
     warmed = {model: set(sizes) for model, sizes in fed.items()}
     fed.clear()
     prompt = "a b c a b c a b c a b c"  # repeats, so that the draft's steps carry guesses
@@ -118,7 +118,7 @@ def test_a_default_run_uses_only_the_sizes_compiled_at_load(fresh_pair, monkeypa
 
 @pytest.mark.slow  # static caches through dynamo (seconds of tracing)
 def test_static_cache_refuses_to_overflow(fresh_pair):
-    enable_graphs(fresh_pair, "eager", max_len=96)
+    fresh_pair = enable_graphs(fresh_pair, "eager", max_len=96)
     lm = fresh_pair.cached("target")
     lm.prefill(list(range(1, 60)))
     with pytest.raises(ValueError, match="static cache of 96"):

@@ -128,7 +128,7 @@ def test_a_speculative_round_reads_the_device_once(tiny, monkeypatch, cfg):
 def test_static_caches_read_the_device_once_a_round(tiny, monkeypatch, cfg, uncompiled):
     """The GPU path's static caches keep their length on the device; checking it every round would read it."""
     pair = dataclasses.replace(with_eos(tiny, []), compiled={}, info=dataclasses.replace(tiny.info))  # the session's pair stays as it is
-    enable_graphs(pair, "eager", max_len=256)
+    pair = enable_graphs(pair, "eager", max_len=256)
     try:
         expected = expected_reads(pair, cfg)
         reads, uploads = per_round(monkeypatch, speculative_generate(pair, "one read a round", cfg, gpu_drafter(pair)))

@@ -13,7 +13,8 @@ from specdec_core.events import tree_depths
 from specdec_core.policy import Policy
 from specdec_core.sampling import without
 from specdec_core.theory import PassCosts, tree_size
-from specdec_core.timing import TREE_PASS_SIZES, tree_costs
+from specdec_core.models import pair as pair_module
+from specdec_core.timing import TREE_PASS_SIZES
 from specdec_core.verify import decide
 
 from ..conftest import mutate, with_eos
@@ -182,12 +183,14 @@ def test_tree_sizing_that_looks_one_rank_ahead_is_caught(monkeypatch):
         test_a_nodes_place_in_the_tree_never_depends_on_the_ranks_after_it()
 
 
-def test_tree_costs_are_timed_once_per_pair(tiny):
+def test_tree_costs_are_timed_once_per_pair(tiny, monkeypatch):
     pair = dataclasses.replace(tiny, pass_costs=None)
-    costs = tree_costs(pair)
+    costs = pair.costs()
     assert sorted(costs.sizes) == list(TREE_PASS_SIZES) and costs.sizes[1] == 1.0
     assert all(c > 0 for c in costs.sizes.values()) and costs.draft > 0
-    assert tree_costs(pair) == costs  # kept with the pair, not timed again
+    monkeypatch.setattr(pair_module, "tree_costs", lambda pair: pytest.fail("timed again"))
+    assert pair.costs() is costs  # kept with the pair, not timed again
+    assert dataclasses.replace(pair).timed == {}  # another pair (its models may be others) times its own
 
 
 @pytest.mark.parametrize("min_confidence", [0.0, 0.35])

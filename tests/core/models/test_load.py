@@ -106,6 +106,17 @@ def test_tiny_pair_loads():
     assert pair.name == "tiny" and pair.vocab == 259 and pair.eos_ids == {258}
 
 
+def test_a_loaded_pair_is_finished_nothing_is_assigned_to_it_after():
+    """load_pair returns the pair whole: what it says of itself, and its costs timed by itself, once."""
+    pair = load_pair("tiny", device="cpu", dtype="float32", target_quant="int8")
+    assert pair.info.target_weights == "int8" and pair.info.target_quant == "int8"  # said while it was built
+    for obj, name in ((pair, "pass_costs"), (pair, "context_length"), (pair.info, "graphs")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(obj, name, None)
+    costs = pair.costs()
+    assert pair.pass_costs is None and pair.costs() is costs
+
+
 def test_the_same_model_as_draft_and_target(model_dirs):
     # both as loaded: on CPUs they would otherwise be quantised (the draft int4, the target int8), no longer one model
     pair = with_eos(load_pair(str(model_dirs / "target"), str(model_dirs / "target"), device="cpu", dtype="float32",

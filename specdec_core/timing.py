@@ -118,7 +118,11 @@ TREE_PASS_SIZES = (1, 2, 4, 8, 16, 32, 65)
 
 def tree_costs(pair, context: int = 128) -> PassCosts:
     """What sizes drafts on this device: target passes of 1..65 tokens and a draft forward of one token, relative to
-    the target's one-token step, timed now (Pair.costs times them once and keeps them)."""
+    the target's one-token step, timed now (Pair.costs times them once and keeps them), after `context` tokens, or
+    fewer where a static cache (a GPU's compiled steps) would not hold the passes after them."""
+    static = pair.compiled.get("target")
+    if static is not None:
+        context = max(2, min(context, static.max_len - 2 * TREE_PASS_SIZES[-1]))
     ms = passes_ms(pair, "target", context, TREE_PASS_SIZES, reps=3, warm=1)
     draft = passes_ms(pair, "draft", context, (1,), reps=9, warm=2)[1] / ms[1] if pair.draft is not None else 0.0
     return PassCosts({n: t / ms[1] for n, t in ms.items()}, draft, ms[1])

@@ -253,7 +253,7 @@ def describe(pair, cfg: SpecConfig, args) -> dict:
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", {torch.get_num_threads()} threads",
             "settings": {**dataclasses.asdict(cfg), "drafter": args.drafter, "hf_k": args.hf_k, "repeats": args.repeats,
                          "target_quant": pair.info.target_quant, "prompts": args.prompts},
-            "pass_costs": dataclasses.asdict(pair.pass_costs) if cfg.tree_nodes else None}
+            "pass_costs": dataclasses.asdict(pair.costs()) if cfg.tree_nodes else None}
 
 
 def print_report(reports: dict) -> None:

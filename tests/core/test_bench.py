@@ -276,7 +276,7 @@ def test_the_7b_bench_writes_a_q4_k_m_file_and_measures_a_pair_of_gguf_files(tmp
     import argparse
 
     from specdec_core.bench import cpu7b
-    from specdec_core.models.gguf_model import GGUF
+    from specdec_core.models.gguf_file import GGUF
 
     from .models.test_gguf_pairs import random_model, write_gguf
 

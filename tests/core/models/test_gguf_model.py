@@ -11,7 +11,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specdec_core import SpecConfig, generate
 from specdec_core.cache import CachedModel, TreeInput
-from specdec_core.models import Pair, gguf_model
+from specdec_core.models import Pair, gguf_file, gguf_model
 from specdec_core.models.attention import ROWS
 from specdec_core.models.kernels import kquant
 from specdec_core.models.step import DecodeStep, KQuantProduct
@@ -99,7 +99,7 @@ def test_the_target_on_its_blocks_computes_the_models_values(files):
 
 def test_a_file_read_from_its_parts_is_the_file(files):
     needs_kernel()
-    whole, parts = gguf_model.GGUF(files[0]), gguf_model.GGUF(files[1])
+    whole, parts = gguf_file.GGUF(files[0]), gguf_file.GGUF(files[1])
     assert whole.fields == parts.fields and whole.tensors == parts.tensors
     spanning = [n for n, (_, _, offset, size) in parts.tensors.items()
                 if np.searchsorted(parts.starts, offset, side="right") != np.searchsorted(parts.starts, offset + size - 1, side="right")]
@@ -115,10 +115,10 @@ def test_a_damaged_file_is_refused_with_its_name(tmp_path, files):
     data = files[0].read_bytes()
     (tmp_path / "short.gguf").write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match="short.gguf is cut short"):
-        gguf_model.GGUF(tmp_path / "short.gguf")
+        gguf_file.GGUF(tmp_path / "short.gguf")
     (tmp_path / "other.gguf").write_bytes(b"GGML" + data[4:])
     with pytest.raises(ValueError, match="other.gguf is not a GGUF file"):
-        gguf_model.GGUF(tmp_path / "other.gguf")
+        gguf_file.GGUF(tmp_path / "other.gguf")
 
 
 def test_a_steps_projections_are_joined_where_they_were_packed_not_copied(files):
@@ -310,7 +310,7 @@ def test_an_embedding_read_row_by_row_has_the_whole_tables_values(kind, dtype):
         raw = kquant.quantise(values, kquant.GGML_TYPES[kind]).reshape(-1)
     else:
         raw = torch.from_numpy(np.ascontiguousarray(quantize(values.numpy(), kind)).view(np.uint8).reshape(-1))
-    table = gguf_model.dequantise(raw, kind, 48, 256).to(dtype)
+    table = gguf_file.dequantise(raw, kind, 48, 256).to(dtype)
     embedding = gguf_model.RowsEmbedding(raw, kind, 48, 256, dtype)
     ids = torch.tensor([[47, 0, 5, 5], [13, 2, 46, 1]])
     assert embedding.weight.shape == (48, 256) and embedding.weight.dtype == dtype

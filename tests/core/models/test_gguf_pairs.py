@@ -14,7 +14,7 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from specdec_core import SpecConfig, generate, load_pair
 from specdec_core.messages import Refusal
-from specdec_core.models import gguf_model, gguf_pair, sources
+from specdec_core.models import gguf_file, gguf_model, gguf_pair, sources
 from specdec_core.models.kernels import kquant
 
 from ...conftest import FLAT_COSTS
@@ -183,7 +183,7 @@ def test_the_target_computes_the_models_own_function(made, arch):
         got = gguf_model.load_target(made[f"{arch}-target"])(ids).logits
     assert ((got - want).norm() / want.norm()).item() < 0.06
     if arch == "llama":
-        f = gguf_model.GGUF(made["llama-target"])
+        f = gguf_file.GGUF(made["llama-target"])
         f.rotated_heads = lambda name: 0
         with torch.inference_mode():
             unordered = gguf_model.load_target(f)(ids).logits
@@ -202,7 +202,7 @@ def test_every_type_such_files_hold_loads_exact_in_steps_and_passes(kind, tmp_pa
     model = random_model("llama", 3, layers=1)
     kinds = {p: kind for p in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "output")}
     path = write_gguf(model, tmp_path / "m.gguf", kinds)[0]
-    f = gguf_model.GGUF(path)
+    f = gguf_file.GGUF(path)
     raw, file_kind, n, k = f.raw("blk.0.ffn_up.weight")
     values = torch.from_numpy(quants.dequantize(raw.numpy().reshape(n, -1), kind).astype(np.float32))
     assert file_kind == kind and torch.equal(f.dense("blk.0.ffn_up.weight"), values)
@@ -226,12 +226,12 @@ def test_a_model_split_by_gguf_split_is_read_from_its_first_part(made, tmp_path)
     ids = torch.tensor([[1, 5, 9, 200]])
     with torch.inference_mode():
         whole = gguf_model.load_target(made["llama-target"])(ids).logits
-        split = gguf_model.load_target(gguf_model.GGUF(first, sources.shards_of(first)))(ids).logits
+        split = gguf_model.load_target(gguf_file.GGUF(first, sources.shards_of(first)))(ids).logits
     assert torch.equal(whole, split)
     with pytest.raises(Refusal, match="later part"):
         sources.gguf_files(str(first.with_name("split-00002-of-00003.gguf")))
     with pytest.raises(ValueError, match="one of 3 files, read with 1"):
-        gguf_model.GGUF(first)
+        gguf_file.GGUF(first)
     greedy_same(load_pair(str(first), str(made["llama-draft"]), device="cpu", cache_dir=tmp_path))
 
 

@@ -34,7 +34,7 @@ from ..models.kernels.kquant import quantise
 from ..theory import expected_speedup
 from ..timing import pass_ms, passes_ms
 from .gpu import every_k, simulated
-from .peer import INSTALL, LlamaCppPeer, target_gguf
+from .peer import INSTALL, LlamaCppPeer, joined_gguf
 
 SHAPE = dict(hidden=3584, intermediate=18944, layers=28, heads=28, kv_heads=4)  # Qwen2.5-7B
 PARTS = (("attn_q", "q"), ("attn_k", "kv"), ("attn_v", "kv"), ("attn_output", "h"), ("ffn_gate", "i"), ("ffn_up", "i"),
@@ -116,20 +116,6 @@ def write_random(path: Path, shape: dict, tokenizer: Path) -> Path:
     return path
 
 
-def draft_gguf(cache_dir: Path) -> Path:
-    """The bundled draft as one file, as a user's own would be (its checked parts joined once)."""
-    from ..models.bundled import checked_parts
-
-    path = cache_dir / "bench" / f"{DRAFT.slug}.gguf"
-    if not path.exists():
-        partial = path.with_name(path.name + ".partial")
-        with open(partial, "wb") as out:
-            for part in checked_parts(DRAFT):
-                out.write(part.read_bytes())
-        partial.replace(path)
-    return path
-
-
 def best_k(a: float, c: float, passes: dict) -> tuple[int, float]:
     """The draft length that the measured costs say pays best at acceptance a, and its predicted speedup."""
     return max(((k, expected_speedup(a, k, c, passes[k + 1])) for k in range(1, max(passes))), key=lambda kv: kv[1])
@@ -203,9 +189,9 @@ def main(argv=None) -> dict:
     cache = Path(default_cache_dir())
     (cache / "bench").mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    path = write_random(cache / "bench" / "random-qwen2.5-7b-shapes-q4_k_m.gguf", SHAPE, target_gguf())
+    path = write_random(cache / "bench" / "random-qwen2.5-7b-shapes-q4_k_m.gguf", SHAPE, joined_gguf(TARGET, cache))
     written_s = time.perf_counter() - t0
-    pair = load_pair(str(path), str(draft_gguf(cache)), device="cpu")
+    pair = load_pair(str(path), str(joined_gguf(DRAFT, cache)), device="cpu")
     pair = dataclasses.replace(pair, eos_ids=frozenset())  # every run writes as many tokens
     report = {"date": time.strftime("%Y-%m-%d"), "threads": torch.get_num_threads(), "context": args.context,
               "max_new_tokens": args.max_new_tokens, "target": f"random weights of Qwen2.5-7B's shapes, Q4_K_M "

@@ -16,20 +16,20 @@ import torch
 
 from ..config import SpecConfig
 from ..models.bundled import TARGET, checked_parts
-from ..models.files import default_cache_dir
+from ..models.files import BundledModel, default_cache_dir
 
 INSTALL = 'CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python'
 
 
-def target_gguf(cache_dir: Path | None = None) -> Path:
-    """The bundled target's GGUF as one file, which llama.cpp needs: its checked parts joined, once, under the
-    cache's bench/ folder (the app itself reads the parts where they lie)."""
-    path = Path(cache_dir or default_cache_dir()) / "bench" / f"{TARGET.slug}.gguf"
+def joined_gguf(model: BundledModel = TARGET, cache_dir: Path | None = None) -> Path:
+    """A bundled model's GGUF as one file, which llama.cpp (and a pair named by its files) needs: its checked parts
+    joined, once, under the cache's bench/ folder (the app itself reads the parts where they lie)."""
+    path = Path(cache_dir or default_cache_dir()) / "bench" / f"{model.slug}.gguf"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(path.name + ".partial")
         with open(partial, "wb") as out:
-            for part in checked_parts(TARGET):
+            for part in checked_parts(model):
                 out.write(part.read_bytes())
         partial.replace(path)
     return path
@@ -50,7 +50,7 @@ class LlamaCppPeer:
                 import llama_cpp
             except ImportError:
                 raise RuntimeError(f"The llama.cpp peer needs the llama-cpp-python package: {INSTALL}") from None
-            model = llama_cpp.Llama(model_path=str(target_gguf()), n_threads=threads or torch.get_num_threads(),
+            model = llama_cpp.Llama(model_path=str(joined_gguf()), n_threads=threads or torch.get_num_threads(),
                                     n_ctx=4096, n_batch=512, verbose=False)
             self.version = getattr(llama_cpp, "__version__", "")
         self.model, self.eos_ids = model, frozenset(eos_ids)

@@ -28,8 +28,9 @@ def options(argv=None) -> argparse.Namespace:
     ap.add_argument("--graphs", default=env("SPECDEC_GRAPHS", "off" if zero_gpu else "auto"),
                     help="CUDA: compile decoding steps with CUDA graphs (auto = inductor on CUDA; off starts faster)")
     ap.add_argument("--target-quant", default=env("SPECDEC_TARGET_QUANT", "auto"), choices=TARGET_QUANTS,
-                    help="auto: on CPUs an exact target (greedy output always plain decoding's): a GGUF target (the "
-                         "bundled one too) on its file's blocks, others int8; int8: int8 from its values; off: its values as loaded")
+                    help="auto: on CPUs an exact target (greedy output always plain decoding's): on GGUF blocks "
+                         "where AVX-512 VNNI runs them (a GGUF target's own, a Hub target's made Q8_0), else int8; "
+                         "int8: int8 from its values; off: its values as loaded")
     ap.add_argument("--concurrency", type=int, default=int(env("SPECDEC_CONCURRENCY", "1")),
                     help="generations run at once (1 keeps timings fair on a CPU)")
     ap.add_argument("--queue-size", type=int, default=int(env("SPECDEC_QUEUE_SIZE", "32")))

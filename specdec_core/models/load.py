@@ -25,12 +25,12 @@ class LoadOptions:
 
     target_quant: how the target computes on CPUs, exact in "auto", "int8" and "blocks": a position's logits are the
     same, bit for bit, in a one-token step and in any verification pass, so greedy speculative output is plain
-    decoding's on every prompt. "auto" on CPUs: "blocks" for the bundled target where the CPU has AVX-512 VNNI, else
-    "int8" (auto_target_quant); the tiny test pair runs as built. "blocks": a GGUF target (the bundled one, or one
-    named as sources.py reads names) on its file's own blocks (kquant.py): nothing to convert at start, and fewer
-    bytes read a step; a Hub target on Q8_0 blocks made from its values at load (where its shapes fit them). "int8" (int8.TokenInt8Linear): int8 weights made from the target's values (for the bundled
-    pair, once, kept in the cache). "off": the values as loaded, in `dtype` (bfloat16 on most CPUs: near-ties can part the
-    two outputs).
+    decoding's on every prompt. "auto" on CPUs: "blocks" where the CPU has AVX-512 VNNI, else "int8"
+    (auto_target_quant); the tiny test pair runs as built. "blocks": a GGUF target (the bundled one, or one named as
+    sources.py reads names) on its file's own blocks (kernels/kquant.py): nothing to convert at start, and fewer bytes
+    read a step; a Hub target on Q8_0 blocks made from its values at load (where its shapes fit them, else int8).
+    "int8" (int8.TokenInt8Linear): int8 weights made from the target's values (for the bundled pair, once, kept in
+    the cache). "off": the values as loaded, in `dtype` (bfloat16 on most CPUs: near-ties can part the two outputs).
     draft_quant: an int4 draft on CPUs (quant.draft_to_int4; int8 where the int4 product does not fit). It changes the
     draft's speed and guesses, never the output.
     graphs: on CUDA, decoding steps compiled with CUDA graphs ("inductor", or "off") over static caches

@@ -33,6 +33,51 @@ from .transfer import upload
 TREE_WIDTH = 4  # a tree node's children
 
 
+class DraftCache:
+    """The draft's cache as drafting uses it: the committed tokens fed, then a round's nodes (`fed`), with the guesses
+    behind a chain's last node; after the verdict, the fed nodes the committed tokens walk through kept in place, the
+    rest dropped."""
+
+    def __init__(self, lm: CachedModel):
+        self.lm = lm
+        self.ngrams = Ngrams(most=MAX_GUESS, least=2)  # where a chain's last 2-3 tokens occurred before: its guesses
+        self.fed: CachedNodes | None = None  # the drafted nodes fed to the cache in the last round
+
+    def start(self, ids):
+        self.fed = None
+        self.lm.reset()
+        yield from self.lm.prefill_chunks(ids[:-1])
+
+    def feed(self, tokens: list[int], rows: int, ids: list[int], path: list[int], most: int,
+             tree: TreeInput | None = None) -> tuple[torch.Tensor, list[tuple[int, torch.Tensor]]]:
+        """Feed `tokens` to the draft and, behind the last one, up to `most` guesses: the tokens that followed, in
+        the committed `ids`, the 2- or 3-gram that `path` (ids and the chain so far) ends with, as many as the
+        n-gram is long. Returns the logits of the last `rows` tokens, and each guess with the logits after it. A
+        forward of a few rows costs little more than one, and a guess the chain then draws needs no forward of its
+        own; where it draws another token, the guesses are cropped (those behind the chain's last node, by
+        commit). Either way a node is drawn from the draft's distribution after its own path, and verified
+        against that q."""
+        n, guesses = self.ngrams.after(ids, path, most) if most > 0 else (0, [])
+        guesses = guesses[:n]
+        logits = self.lm.forward(upload(tokens + guesses, self.lm.device), keep=rows + len(guesses), tree=tree)
+        return logits[:rows], list(zip(guesses, logits[rows:]))
+
+    def commit(self, ids):
+        """Keep only the committed prefix; the newest committed token is fed next round."""
+        if self.fed:  # keep the fed nodes the committed tokens walk through (a chain's: a prefix, kept in place)
+            start, tokens, parents = self.fed
+            kept, at = [], -1
+            for token in ids[start:]:
+                at = next((j for j, (t, up) in enumerate(zip(tokens, parents)) if up == at and t == token), None)
+                if at is None:
+                    break
+                kept.append(at)
+            self.lm.compact(start, kept)
+            self.fed = None
+        self.lm.crop(len(ids) - 1)
+        self.lm.check()
+
+
 class ModelDrafter:
     """A small causal LM drafts k tokens autoregressively, sampling each from warped q.
 
@@ -48,24 +93,25 @@ class ModelDrafter:
 
     def __init__(self, lm: CachedModel, cut_on_device: bool | None = None, width: int = TREE_WIDTH,
                  expand: int | None = None, pass_cost: PassCosts | None = None):
-        self.lm = lm
-        self.ngrams = Ngrams(most=MAX_GUESS, least=2)  # where a chain's last 2-3 tokens occurred before: its guesses
+        self.cache = DraftCache(lm)
         self.cut_on_device = lm.device.type != "cpu" if cut_on_device is None else cut_on_device
         # a tree: children per node, nodes fed to the draft per level (two on CPUs); the costs that size every draft
         self.width, self.pass_cost = width, pass_cost
         self.expand = (2 if lm.device.type == "cpu" else width) if expand is None else expand
         self.policy = Policy(pass_cost)
-        self.fed: CachedNodes | None = None  # the drafted nodes fed to the cache in the last round
         self.forwards = 1  # draft forwards the last tree took: this round's sizing must not depend on its own draws
         self.guessed = 0  # nodes, over all drafts, whose distribution came with a guess (no forward of their own)
         self.first_at = self.grown_at = 0.0  # when the last draft's first token was drawn, and its last one
         # the last draft's start and nodes, judged at commit
         self.awaiting_verdicts: tuple[int, list[Node]] | None = None
 
+    @property
+    def lm(self) -> CachedModel:
+        return self.cache.lm
+
     def start(self, ids):
-        self.fed, self.awaiting_verdicts, self.policy = None, None, Policy(self.pass_cost)
-        self.lm.reset()
-        yield from self.lm.prefill_chunks(ids[:-1])
+        self.awaiting_verdicts, self.policy = None, Policy(self.pass_cost)
+        yield from self.cache.start(ids)
 
     def propose(self, ids, k, cfg, generator) -> Draft:
         """A tree up to k deep, grown a level at a time (EAGLE-2's scheme); a chain (cfg.tree_nodes = 0) is the
@@ -119,7 +165,7 @@ class ModelDrafter:
 
     def device_chain(self, ids, k, cfg, generator) -> Draft:
         """A GPU's chain: all k drafted without a read, and all verified."""
-        logits, _ = self.feed(ids[self.lm.length:], 1, ids, list(ids), 0)
+        logits, _ = self.cache.feed(ids[self.lm.length:], 1, ids, list(ids), 0)
         g, chosen = GrowingDraft(), []
         for depth in range(k):
             _, picks = self.draw(g, logits, 1, cfg, generator)
@@ -133,7 +179,7 @@ class ModelDrafter:
         """A chain (with its guesses; width 1) or a tree, a level a forward, each level read on the host."""
         start, limit = len(ids), cfg.tree_nodes or k
         path = list(ids)  # the committed tokens and the chain's so far
-        logits, pending = self.feed(ids[self.lm.length:], 1, ids, path, min(cfg.guess, min(k, limit) - 1))
+        logits, pending = self.cache.feed(ids[self.lm.length:], 1, ids, path, min(cfg.guess, min(k, limit) - 1))
         g, frontier, forwards, worths = GrowingDraft(), [-1], 1, []
         for depth in range(k):
             level = g.add_level(frontier, *self.draw(g, logits, width, cfg, generator), self.policy.worth)
@@ -156,7 +202,8 @@ class ModelDrafter:
             parents = [index.get(g.nodes[n].parent, -1) for n in g.fed + frontier]
             tree = None if parents == chain(len(parents)) else TreeInput(parents, fed=len(g.fed))
             more = min(cfg.guess, min(k, limit) - depth - 2) if tree is None else 0
-            logits, pending = self.feed([g.nodes[i].token for i in frontier], len(frontier), ids, path, more, tree)
+            logits, pending = self.cache.feed([g.nodes[i].token for i in frontier], len(frontier), ids, path, more,
+                                              tree)
             g.fed += frontier
             forwards += 1
         self.grown_at = time.perf_counter()
@@ -172,20 +219,6 @@ class ModelDrafter:
                         key=lambda i: (-nodes[i].rank, i))[: self.expand - 1]
         return sorted([chain_node, *others])  # parents before children, as TreeInput wants
 
-    def feed(self, tokens: list[int], rows: int, ids: list[int], path: list[int], most: int,
-             tree: TreeInput | None = None) -> tuple[torch.Tensor, list[tuple[int, torch.Tensor]]]:
-        """Feed `tokens` to the draft and, behind the last one, up to `most` guesses: the tokens that followed, in
-        the committed `ids`, the 2- or 3-gram that `path` (ids and the chain so far) ends with, as many as the
-        n-gram is long. Returns the logits of the last `rows` tokens, and each guess with the logits after it. A
-        forward of a few rows costs little more than one, and a guess the chain then draws needs no forward of its
-        own; where it draws another token, the guesses are cropped (those behind the chain's last node, by
-        commit). Either way a node is drawn from the draft's distribution after its own path, and verified
-        against that q."""
-        n, guesses = self.ngrams.after(ids, path, most) if most > 0 else (0, [])
-        guesses = guesses[:n]
-        logits = self.lm.forward(upload(tokens + guesses, self.lm.device), keep=rows + len(guesses), tree=tree)
-        return logits[:rows], list(zip(guesses, logits[rows:]))
-
     def select(self, g: GrowingDraft, start: int, limit: int, cfg) -> Draft:
         """The nodes worth their rows in the target's pass (a chain: every node), as a draft, with the policy's
         expected gain; the fed ones are remembered for commit, the kept ones for their verdicts."""
@@ -195,7 +228,8 @@ class ModelDrafter:
         n = tree_size([nodes[i].worth for i in order], self.policy.costs if cfg.tree_nodes else None, self.forwards)
         keep = sorted(order[:n])
         slot = {node: j for j, node in enumerate(g.fed)}  # where each fed node sits in the cache, after `start`
-        self.fed = CachedNodes(start, [nodes[i].token for i in g.fed], [slot.get(nodes[i].parent, -1) for i in g.fed])
+        self.cache.fed = CachedNodes(start, [nodes[i].token for i in g.fed],
+                                     [slot.get(nodes[i].parent, -1) for i in g.fed])
         renumber = {old: new for new, old in enumerate(keep)}
         self.awaiting_verdicts = (start, [nodes[i]._replace(parent=renumber.get(nodes[i].parent, -1)) for i in keep])
         tokens, expected = [nodes[i].token for i in keep], sum(nodes[i].rank for i in keep)
@@ -213,20 +247,7 @@ class ModelDrafter:
     def commit(self, ids):
         self.policy.learn(verdicts(*self.awaiting_verdicts, ids) if self.awaiting_verdicts else [])
         self.awaiting_verdicts = None
-        # keep only the committed prefix; the newest committed token is fed next round
-        if self.fed:  # keep the fed nodes the committed tokens walk through (a chain's: a prefix, kept in place)
-            start, tokens, parents = self.fed
-            kept, at = [], -1
-            for token in ids[start:]:
-                at = next((j for j, (t, parent) in enumerate(zip(tokens, parents)) if parent == at and t == token), None)
-                if at is None:
-                    break
-                kept.append(at)
-            self.lm.compact(start, kept)
-            self.fed = None
-        self.lm.crop(len(ids) - 1)
-        self.lm.check()
-
+        self.cache.commit(ids)
 
 def verdicts(start: int, nodes: list[Node], ids: list[int]) -> list[tuple[int, float, bool]]:
     """What the target decided of a draft's `nodes` (their parents among them), read from the tokens it committed

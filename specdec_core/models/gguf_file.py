@@ -139,16 +139,17 @@ class GGUF:
         a = lambda key: self.field(f"{arch}.{key}")
         extra = {} if a("attention.key_length") in (None, a("embedding_length") // a("attention.head_count")) \
             else {"head_dim": a("attention.key_length")}
-        return ARCHITECTURES[arch][0](vocab_size=int(self.tensors["token_embd.weight"][1][1]),
-                           hidden_size=a("embedding_length"),
-                           intermediate_size=a("feed_forward_length"), num_hidden_layers=a("block_count"),
-                           num_attention_heads=a("attention.head_count"), num_key_value_heads=a("attention.head_count_kv"),
-                           max_position_embeddings=a("context_length"), rms_norm_eps=a("attention.layer_norm_rms_epsilon"),
-                           rope_parameters={"rope_theta": a("rope.freq_base"), "rope_type": "default"},
-                           tie_word_embeddings="output.weight" not in self.tensors,
-                           bos_token_id=self.field("tokenizer.ggml.bos_token_id"),
-                           eos_token_id=self.field("tokenizer.ggml.eos_token_id"),
-                           pad_token_id=self.field("tokenizer.ggml.padding_token_id"), **extra)
+        config = ARCHITECTURES[arch][0]
+        return config(vocab_size=int(self.tensors["token_embd.weight"][1][1]), hidden_size=a("embedding_length"),
+                      intermediate_size=a("feed_forward_length"), num_hidden_layers=a("block_count"),
+                      num_attention_heads=a("attention.head_count"), num_key_value_heads=a("attention.head_count_kv"),
+                      max_position_embeddings=a("context_length"), rms_norm_eps=a("attention.layer_norm_rms_epsilon"),
+                      # a file without a base of its own takes RoPE's original 10,000, as llama.cpp reads it
+                      rope_parameters={"rope_theta": a("rope.freq_base") or 10000.0, "rope_type": "default"},
+                      tie_word_embeddings="output.weight" not in self.tensors,
+                      bos_token_id=self.field("tokenizer.ggml.bos_token_id"),
+                      eos_token_id=self.field("tokenizer.ggml.eos_token_id"),
+                      pad_token_id=self.field("tokenizer.ggml.padding_token_id"), **extra)
 
     def vocabulary(self) -> tuple:
         """What two models must share to share a tokenizer: the tokens, the merges, the special ids."""

@@ -4,7 +4,7 @@
 python -m specdec_core.bench.cpu7b [--accept 0.6,0.8,0.9] [--acceptance-from FILE[::RUN]] [--peer]
     [--json docs/cpu-7b-bench.json]
 
-- The file is written once to the cache (bench/, about 4.6 GB): llama.cpp's Q4_K_M layout (Q6_K for the head, and for
+- The file is written once to the cache (bench/, 4.7 GB): llama.cpp's Q4_K_M layout (Q6_K for the head, and for
   attn_v and ffn_down in the layers llama.cpp gives more bits), each weight's blocks a random matrix's, quantised once
   per shape and repeated down its rows, with the bundled target's tokenizer so that llama.cpp reads it too. Its
   vocabulary is the tokenizer's 151,936 tokens (Qwen2.5-7B pads its head to 152,064 rows).

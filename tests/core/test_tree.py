@@ -10,10 +10,10 @@ from specdec_core.cache import TreeInput
 from specdec_core.drafters import ModelDrafter
 from specdec_core.engine import encode_request
 from specdec_core.events import tree_depths
+from specdec_core.models import pair as pair_module
 from specdec_core.policy import Policy
 from specdec_core.sampling import without
 from specdec_core.theory import PassCosts, tree_size
-from specdec_core.models import pair as pair_module
 from specdec_core.timing import TREE_PASS_SIZES
 from specdec_core.verify import decide
 

@@ -127,6 +127,8 @@ TEXT: dict[str, tuple[str, str]] = {
                      "int8, exato: os mesmos logits num passo e numa passada"),
     "weights_blocks": ("the blocks of its GGUF file, exact: the same logits in a step and in a pass ({kernel})",
                        "os blocos do seu arquivo GGUF, exato: os mesmos logits num passo e numa passada ({kernel})"),
+    "weights_q8_0": ("Q8_0 blocks made from its values, exact: the same logits in a step and in a pass ({kernel})",
+                     "blocos Q8_0 feitos dos seus valores, exato: os mesmos logits num passo e numa passada ({kernel})"),
     "weights_prepacked": (", prepacked", ", pré-empacotado"),
     # refusals of the app's own
     "pair_format": ("A custom pair is written TARGET_ID,DRAFT_ID (for example "

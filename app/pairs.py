@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 from specdec_core import load_pair
+from specdec_core.messages import Note, Refusal, cut
 from specdec_core.models import LoadOptions, dtype_name
 from specdec_core.models.load import release_freed_memory
 from specdec_core.models.sources import is_gguf, is_local
-from specdec_core.messages import Note, Refusal, cut
 from specdec_core.theory import expected_speedup
 from specdec_core.timing import probe_costs
 
@@ -32,8 +32,9 @@ class Weights(NamedTuple):
 
     def text(self, lang: str) -> str:
         kind = t("weights_int8", lang) if self.kind == "int8" else self.kind
-        if self.kind.startswith("blocks:"):
-            kind = t("weights_blocks", lang, kernel=self.kind.partition(":")[2])
+        if self.kind.startswith(("blocks:", "q8_0:")):
+            way, _, kernel = self.kind.partition(":")
+            kind = t(f"weights_{way}", lang, kernel=kernel)
         return kind + (t("weights_prepacked", lang) if self.prepacked else "")
 
 

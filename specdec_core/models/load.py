@@ -115,12 +115,13 @@ def make_exact(pair: Pair, quant: str, saved: dict, progress: Progress) -> dict:
     from .quant import quantise_target, target_on_blocks
 
     if quant == "blocks":
-        if not on_blocks(pair.target):  # a Hub checkpoint's values, made Q8_0 blocks
+        own = on_blocks(pair.target)
+        if not own:  # a Hub checkpoint's values, made Q8_0 blocks
             target_on_blocks(pair.target)
         pair.target.set_attn_implementation(ROWS)
         if DecodeStep.fits(pair.target):
             pair.steps["target"] = DecodeStep(pair.target)
-        return {"target_weights": f"blocks:{kquant_library()[1]}"}
+        return {"target_weights": f"{'blocks' if own else 'q8_0'}:{kquant_library()[1]}"}
     progress(0.9, Note("load_target_int8", model=pair.info.target))
     quantise_target(pair.target, *saved.get("target", (None, "")))
     kernels = {m.kernel for m in pair.target.modules() if isinstance(m, TokenInt8Linear)}

@@ -50,6 +50,7 @@ def test_a_hub_target_computes_on_q8_0_blocks_made_from_its_values_exactly(model
     """The arithmetic of a GGUF target: a position's logits the same bits in a step and in any pass, greedy output
     plain decoding's; a target of other shapes falls back to int8 by default, and is refused by name when blocks are
     asked for."""
+    from app.pairs import Weights
     from specdec_core.models import load
     from specdec_core.models.kernels import kquant
 
@@ -59,7 +60,8 @@ def test_a_hub_target_computes_on_q8_0_blocks_made_from_its_values_exactly(model
     needs_kernel()
     monkeypatch.setattr(load, "kquant_library", lambda: (kquant.kernel(), "avx512-vnni"))  # what auto reads
     pair = with_eos(load_pair(str(model_dirs / "wide"), str(model_dirs / "draft"), device="cpu", dtype="float32"), [])
-    assert pair.info.target_quant == "blocks" and pair.info.target_weights.startswith("blocks:")
+    assert pair.info.target_quant == "blocks" and pair.info.target_weights.startswith("q8_0:")
+    assert "Q8_0 blocks made from its values" in Weights(pair.info.target_weights, False).text("en")
     assert {m.kind for m in pair.target.modules() if isinstance(m, kquant.KQuantLinear)} == {8}
     for step in (None, pair.steps["target"]):
         alone, full, tree, branch_alone = logits_alone_and_in_a_pass(pair.target, pair.vocab, step=step)

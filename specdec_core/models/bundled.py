@@ -60,6 +60,6 @@ def load_bundled(device: torch.device, dtype: torch.dtype, progress: Progress, c
         # both before a byte is parsed (a damaged part says "reinstall", not "not a GGUF file"), and before the target's
         # blocks are repacked (on every core): the two would take turns
         target_file, draft_file = [GGUF(paths) for paths in [check.result() for check in checks]]
-    pair = load_files("bundled", target_file, draft_file, (TARGET.name, DRAFT.name), device, dtype, progress, root, TARGET.sha256,
-                      exact, lazy)
+    pair = load_files("bundled", target_file, draft_file, (TARGET.name, DRAFT.name), device, dtype, progress, root,
+                      TARGET.sha256, exact, lazy)
     return pair, root  # where the models' quantised weights are kept

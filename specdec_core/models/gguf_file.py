@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from .kernels.kquant import GGML_TYPES, ROW_KINDS, dequantise_rows
+from .kernels.kquant import GGML_TYPES, ROW_KINDS, dequantise_rows, q8_0
 
 ARCHITECTURES = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
 SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -217,9 +217,9 @@ def small_ints(blocks: torch.Tensor, kind: int) -> torch.Tensor:
 
 def q8_0_of(raw: torch.Tensor, kind: int, n: int, k: int) -> torch.Tensor:
     """A weight as Q8_0 blocks: Q4_0's and Q5_0's exactly (the same d, their q as int8), any other type's values
-    rounded to Q8_0 by gguf's quantiser (F16, BF16 and F32 weights, and types without a product here)."""
+    rounded to Q8_0 as a Hub target's are (kquant.q8_0: F16, BF16 and F32 weights, and types without a product
+    here)."""
     if kind in SMALL:
         blocks = raw.reshape(n * k // 32, -1)
         return torch.cat([blocks[:, :2], small_ints(blocks, kind).view(torch.uint8)], 1).reshape(-1)
-    values = dequantise(raw, kind, n, k).numpy()
-    return torch.from_numpy(gguf_quants.quantize(values, T.Q8_0)).reshape(-1)
+    return q8_0(dequantise(raw, kind, n, k)).reshape(-1)

@@ -112,7 +112,7 @@ def load_named(target: str, draft: str, device: torch.device, dtype: torch.dtype
     t, d = (opened(first, shards, name) for (first, shards), name in zip(files, shown))
     # the tokenizer kept by the metadata it is made from; the draft's quantised weights by the file as it is now (a
     # file changed or replaced gets a key of its own); the pair named by the names shown, never a server's paths
-    key = hashlib.sha256(t.metadata).hexdigest()
-    pair = load_files(" <- ".join(shown), t, d, tuple(shown), device, dtype, progress, root, key, exact, lazy)
-    key = hashlib.sha256(repr(identity([files[1][0], *files[1][1]])).encode()).hexdigest()
-    return pair, {"draft": (root / f"gguf-{key[:16]}-int4-{dtype_name(dtype)}.safetensors", key)}
+    pair = load_files(" <- ".join(shown), t, d, tuple(shown), device, dtype, progress, root,
+                      hashlib.sha256(t.metadata).hexdigest(), exact, lazy)
+    draft_key = hashlib.sha256(repr(identity([files[1][0], *files[1][1]])).encode()).hexdigest()
+    return pair, {"draft": (root / f"gguf-{draft_key[:16]}-int4-{dtype_name(dtype)}.safetensors", draft_key)}

@@ -98,7 +98,7 @@ def quant_of(filename: str, quant: str) -> bool:
 def pick_quant(files: list[str], repo: str, quant: str) -> list[str]:
     """The one model of `quant` among a repository's files: a whole file, or the parts of a split one (first first)."""
     chosen = sorted(f for f in files if quant_of(f, quant))
-    models = {SPLIT.sub(r"\g<stem>", f) if SPLIT.match(Path(f).name) else f for f in chosen}
+    models = {SPLIT.sub(r"\g<stem>", f) for f in chosen}  # a split model's parts: one model
     if not chosen:
         raise Refusal("hub_no_quant", repo=repo, quant=quant)
     if len(models) > 1:

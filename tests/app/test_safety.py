@@ -161,7 +161,8 @@ def test_the_pair_status_speaks_the_visitors_language():
 def test_gguf_files_on_the_servers_disk_are_read_only_where_the_operator_allows(tmp_path, monkeypatch):
     """A path or an Ollama name is refused alike whether it exists or not (no answer tells what the disk holds),
     unless the operator started the app with --local-models; a Hub quant needs the allowlist in hosted mode."""
-    from ..core.models.test_gguf_pairs import random_model, write_gguf
+    from ..core.models.test_gguf_model import write_gguf
+    from ..core.models.test_gguf_pairs import random_model
 
     path = write_gguf(random_model("qwen2", 1), tmp_path / "m.gguf")[0]
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))

@@ -278,7 +278,8 @@ def test_the_7b_bench_writes_a_q4_k_m_file_and_measures_a_pair_of_gguf_files(tmp
     from specdec_core.bench import cpu7b
     from specdec_core.models.gguf_file import GGUF
 
-    from .models.test_gguf_pairs import random_model, write_gguf
+    from .models.test_gguf_model import write_gguf
+    from .models.test_gguf_pairs import random_model
 
     tokenizer = write_gguf(random_model("qwen2", 1), tmp_path / "tokenizer.gguf")[0]
     shape = dict(hidden=256, intermediate=512, layers=3, heads=4, kv_heads=2)

@@ -1,13 +1,15 @@
-"""Models read from GGUF files as they are: a tiny Qwen2 written here with Q4_K/Q6_K blocks (gguf's writer), read
-whole or from parts, exact in steps and passes, lossless in speculative decoding."""
+"""Models read from GGUF files as they are: a tiny Qwen2 written here as llama.cpp writes its files (write_gguf, which
+writes test_gguf_pairs' files too), read whole or from parts, exact in steps and passes, lossless in speculative
+decoding."""
 import dataclasses
 
 import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
-from gguf import GGUFWriter
+from gguf import GGUFWriter, quants
 from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from specdec_core import SpecConfig, generate
 from specdec_core.cache import CachedModel, TreeInput
@@ -20,7 +22,10 @@ from ...conftest import FLAT_COSTS
 from .test_int8 import logits_alone_and_in_a_pass
 
 GGUF_NAMES = {v: k for k, v in gguf_model.HF_NAMES.items()}
-Q6 = ("attn_v", "ffn_down")  # as in a Q4_K_M file: these in Q6_K (with the head), the rest in Q4_K
+MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("a", "n"), ("e", "r"), ("o", "n"), ("Ġ", "a"), ("r", "e"),
+          ("a", "t"), ("o", "r"), ("e", "n"), ("Ġ", "s"), ("e", "s"), ("i", "s")]
+TOKENS = [bytes_to_unicode()[i] for i in range(256)] + ["".join(m) for m in MERGES] + ["<|end|>"]  # 272
+Q4_K_M = {"attn_v": T.Q6_K, "ffn_down": T.Q6_K, "output": T.Q6_K}  # the rest Q4_K, as llama.cpp's Q4_K_M
 
 
 def needs_kernel():
@@ -36,37 +41,76 @@ def random_model(seed: int, vocab: int = 272) -> Qwen2ForCausalLM:
     return Qwen2ForCausalLM(cfg).eval()
 
 
-def write_gguf(model: Qwen2ForCausalLM, path) -> None:
-    """The model as a Q4_K_M-like GGUF file."""
-    c = model.config
-    w = GGUFWriter(path, "qwen2")
-    for key, value in (("block_count", c.num_hidden_layers), ("context_length", c.max_position_embeddings),
-                       ("embedding_length", c.hidden_size), ("feed_forward_length", c.intermediate_size),
-                       ("attention.head_count", c.num_attention_heads), ("attention.head_count_kv", c.num_key_value_heads)):
-        w.add_uint32(f"qwen2.{key}", value)
-    w.add_float32("qwen2.rope.freq_base", c.rope_parameters["rope_theta"])
-    w.add_float32("qwen2.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
-    w.add_uint32("tokenizer.ggml.eos_token_id", 3)
+def q5_k(w: torch.Tensor) -> np.ndarray:
+    """Q5_K blocks holding Q4_K's values: each 4-bit q doubled (5 bits), d halved (exact in float16)."""
+    q4 = kquant.quantise(w, 4).reshape(-1, 144).numpy()
+    d = (q4[:, :2].copy().view(np.float16) / 2).view(np.uint8)
+    nibbles = q4[:, 16:].reshape(-1, 4, 32)  # chunks of 64 values: the low nibbles the first 32, the high the next
+    q = np.stack([nibbles & 15, nibbles >> 4], 2) * 2  # [blocks, 4 chunks, 2 halves, 32]
+    qs = (q[:, :, 0] & 15 | (q[:, :, 1] & 15) << 4).reshape(-1, 128)
+    qh = sum((q[:, j, h] >> 4) << (2 * j + h) for j in range(4) for h in range(2))
+    return np.concatenate([d, q4[:, 2:16], qh, qs], 1).astype(np.uint8).reshape(len(w), -1)
+
+
+def encoded(t: torch.Tensor, kind: T) -> tuple[np.ndarray, T]:
+    if kind in (T.Q4_K, T.Q6_K):
+        return kquant.quantise(t, 4 if kind == T.Q4_K else 6).numpy(), kind
+    if kind == T.Q5_K:
+        return q5_k(t), kind
+    return quants.quantize(t.numpy(), kind), kind
+
+
+def llama_cpp_rows(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """A query or key weight in llama.cpp's order: each head's two rotated halves interleaved."""
+    return t.reshape(heads, 2, t.shape[0] // heads // 2, -1).transpose(1, 2).reshape(t.shape)
+
+
+def write_gguf(model, path, kinds: dict | None = None, tokens: list[str] = TOKENS, shards: int = 1) -> list:
+    """The model as llama.cpp writes it: `kinds` {GGUF part name: type}, the rest Q4_K; in `shards` files as
+    gguf-split cuts them (path's name then ends -00001-of-0000N.gguf)."""
+    c, arch = model.config, model.config.model_type
+    kinds = Q4_K_M if kinds is None else kinds
+    tensors = []
     for name, t in model.state_dict().items():
-        t = t.detach().float()
-        parts = name.split(".")
-        if name == "model.embed_tokens.weight":
-            gname, kind = "token_embd.weight", 4
-        elif name == "lm_head.weight":
-            gname, kind = "output.weight", 6
-        elif name == "model.norm.weight":
-            gname, kind = "output_norm.weight", None
+        t, parts = t.detach().float(), name.split(".")
+        if name in ("model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"):
+            gname = {"model.embed_tokens.weight": "token_embd", "lm_head.weight": "output"}.get(name, "output_norm")
         else:
-            part = GGUF_NAMES[".".join(parts[3:-1])]
-            gname, kind = f"blk.{parts[2]}.{part}.{parts[-1]}", (6 if part in Q6 else 4) if t.dim() == 2 else None
-        if kind is None:
-            w.add_tensor(gname, t.numpy())
-        else:
-            w.add_tensor(gname, kquant.quantise(t, kind).numpy(), raw_dtype=T.Q4_K if kind == 4 else T.Q6_K)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+            gname = f"blk.{parts[2]}.{GGUF_NAMES['.'.join(parts[3:-1])]}"
+        part = gname.rpartition(".")[2]
+        if arch == "llama" and part in ("attn_q", "attn_k"):
+            t = llama_cpp_rows(t, c.num_attention_heads if part == "attn_q" else c.num_key_value_heads)
+        data = encoded(t, kinds.get(part, T.Q4_K)) if t.dim() == 2 else (t.numpy(), None)
+        tensors.append((f"{gname}.{parts[-1]}", *data))
+    paths = [path] if shards == 1 else [path.with_name(f"{path.stem}-{i:05d}-of-{shards:05d}.gguf") for i in range(1, shards + 1)]
+    per = -(-len(tensors) // shards)
+    for i, file in enumerate(paths):
+        w = GGUFWriter(file, arch)
+        if i == 0:
+            for key, value in (("block_count", c.num_hidden_layers), ("context_length", c.max_position_embeddings),
+                               ("embedding_length", c.hidden_size), ("feed_forward_length", c.intermediate_size),
+                               ("attention.head_count", c.num_attention_heads),
+                               ("attention.head_count_kv", c.num_key_value_heads)):
+                w.add_uint32(f"{arch}.{key}", value)
+            w.add_float32(f"{arch}.rope.freq_base", c.rope_parameters["rope_theta"])
+            w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
+            w.add_tokenizer_model("gpt2")
+            w.add_tokenizer_pre("qwen2")
+            w.add_token_list(tokens)
+            w.add_token_types([1] * (len(tokens) - 1) + [3])
+            w.add_token_merges([f"{a} {b}" for a, b in MERGES])
+            w.add_eos_token_id(len(tokens) - 1)
+        if shards > 1:
+            w.add_uint16("split.no", i)
+            w.add_uint16("split.count", shards)
+            w.add_int32("split.tensors.count", len(tensors))
+        for name, data, kind in tensors[i * per: (i + 1) * per]:
+            w.add_tensor(name, data, raw_dtype=kind)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+    return paths
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """Timing: a decoder's own clock, and passes of a pair's models timed on the device they run on.
 
 Below the engine and the models: the engine charges each round to its Clock, a pair times its passes with
-`tree_costs` (Pair.costs), the app and the benches read `probe_costs`, `passes_ms` and `contexts_ms`. A pair is used through
-`pair.cached(role)` only, so nothing here imports the models.
+`tree_costs` (Pair.costs), the app and the benches read `probe_costs`, `passes_ms` and `contexts_ms`. A pair is used
+through `pair.cached(role)` only, so nothing here imports the models.
 """
 from __future__ import annotations
 

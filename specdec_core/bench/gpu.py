@@ -145,8 +145,8 @@ def measure(pair, args, graphs: str, accepts: dict[str, float], race_at: str, tr
                             for role, ms in (("target", step), ("draft", draft_step))},
         "plain_tokens_per_s": plain, "greedy_identical": ids(plain_events) == ids(spec_events),
         # what exactness costs: the target's steps at one shape (above) against each at its own padded size
-        "plain_tokens_per_s_unconstrained": unconstrained, "one_shape": pair.compiled.get("target") is not None
-        and pair.compiled["target"].width,
+        "plain_tokens_per_s_unconstrained": unconstrained,
+        "one_shape": getattr(pair.compiled.get("target"), "width", None),
         "simulated": runs,
         "trees": trees,
         "race": {"a": accepts[race_at], "plain_tokens_per_s": race["plain"], "spec_tokens_per_s": race["spec"],

@@ -22,7 +22,8 @@ class PairInfo:
     target: str = ""  # the models' names
     draft: str = ""
     target_quant: str = ""  # how the target computes, resolved (load.LoadOptions.target_quant)
-    target_weights: str = ""  # said in the status: a dtype, "int8", "blocks:<build>" (its GGUF file's) or "q8_0:<build>"
+    # said in the status: a dtype, "int8", "blocks:<build>" (its GGUF file's) or "q8_0:<build>" (made from its values)
+    target_weights: str = ""
     target_int8: str = ""  # the int8 target's product(s)
     target_prepacked: bool = False
     draft_quant: str = ""  # "int4", or "int8" where int4 fits no layer; "" as loaded

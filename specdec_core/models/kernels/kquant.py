@@ -131,7 +131,7 @@ def as_bytes(raw) -> torch.Tensor:
 
 
 def check_shape(kind: int, out_features: int, in_features: int, raw: torch.Tensor) -> None:
-    if kind not in RAW or in_features % QK or out_features % 16:
+    if kind not in RAW or not fits(out_features, in_features):
         raise ValueError(f"a {NAMES.get(kind, kind)} product needs inputs a multiple of {QK} and outputs of 16, got "
                          f"[{out_features}, {in_features}]")
     if raw.dtype != torch.uint8 or raw.numel() != out_features * in_features // QK * RAW[kind]:

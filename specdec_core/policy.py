@@ -152,8 +152,8 @@ class Policy:
         drafts may go to k (go_on stops it); else it drafts the curve's first best length. Where drafting is expected
         to bring less than a plain step, the round is one, unless enough plain steps came before (EXPLORE)."""
         curve = self.curve(k)
-        if not curve or not k:
-            return (k, curve, 0.0) if not curve else (0, curve, 0.0)
+        if not curve or not k:  # no costs: as far as asked; nothing asked: nothing
+            return k, curve, 0.0
         if reads and len(self.firsts) >= FIRSTS_NEEDED:
             n, value = k, self.drafting(k)
         else:

@@ -189,7 +189,8 @@ class ModelDrafter:
             frontier = self.next_frontier(g, level, chain_node, cfg)
             guessed = bool(pending) and frontier == [chain_node] and pending[0][0] == g.nodes[chain_node].token
             if (depth + 1 >= min(k, limit) or g.nodes[chain_node].rank < cfg.min_confidence
-                    or not self.policy.go_on(worths, guessed)):
+                    or not self.policy.go_on(worths, self.policy.next_rate(g.nodes[chain_node].prob, depth + 2),
+                                             guessed)):
                 break
             path.append(g.nodes[chain_node].token)
             if guessed:  # the next level's distribution came with the last forward: no forward of its own

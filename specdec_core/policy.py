@@ -12,7 +12,8 @@ own rounds, weighted toward the latest:
     after it, and how often a later token came with a guess, with no forward of its own; the passes' costs as timed
     (Pair.costs).
 Within a round the draft goes on while drafting more, at the forecast worths, raises the round's expected tokens per
-unit time (`go_on`). Before it, a drafter that reads each token as it is drawn (a CPU's) drafts where such a round
+unit time (`go_on`), the next token forecast by how often one was accepted after a token of the last one's draft
+probability (`next_rate`). Before it, a drafter that reads each token as it is drawn (a CPU's) drafts where such a round
 pays on average, its first token as probable as the latest first tokens were (`plan`): where it does not, the round
 is a plain step, with no draft forward at all. A drafter that reads nothing between its forwards (a GPU's chain)
 drafts the curve's best length. A token tree keeps its nodes by their worths, by the same rule (theory.tree_size).
@@ -64,7 +65,8 @@ class Policy:
 
     def __init__(self, costs: PassCosts | None):
         self.costs = costs if costs is not None and len(costs.sizes) >= 2 else None
-        self.by_depth, self.by_probability = Verdicts(), Verdicts()
+        # acceptance by depth, by the token's draft probability, and after a token of like probability was accepted
+        self.by_depth, self.by_probability, self.after = Verdicts(), Verdicts(), Verdicts()
         self.firsts: deque[float] = deque(maxlen=FIRSTS)  # the draft probabilities of the latest first tokens
         # a draft's costs in target steps, as measured: its first token (the forward that takes the committed tokens,
         # the draw, the read), each forward after it, and the share of later tokens that came without a forward
@@ -100,6 +102,12 @@ class Policy:
         b = bisect_right(EDGES, probability)
         return self.by_probability.rate(b, MIDDLES[b])
 
+    def next_rate(self, probability: float, depth: int, rates: list[float] | None = None) -> float:
+        """The chance that the target accepts the token at `depth` once it accepted the one before it, drawn at
+        `probability`: measured after tokens of like probability (a draft sure of one token tends to be sure of the
+        next), and where few were judged there, the depth's forecast. `rates`: the forecasts, if known."""
+        return self.after.rate(bisect_right(EDGES, probability), (rates or self.forecasts(depth))[depth - 1])
+
     def cost(self, n: int, free: int = 0) -> float:
         """A round of n drafted tokens, in target steps: the first token, and each later one a forward unless it came
         with a guess (as often as they have lately); `free` of them known to need none."""
@@ -123,16 +131,16 @@ class Policy:
             worths.append(path)
         return [self.gain(worths[:n]) for n in range(k + 1)]
 
-    def go_on(self, worths: list[float], guessed: bool = False, rates: list[float] | None = None) -> bool:
-        """Whether to draw one more token after a round's tokens so far, whose worths are `worths`: yes where its
-        forecast worth raises the expected tokens per unit time, for a row in the pass and a token's draft cost (none
-        where the draft drew the token its last forward had guessed: `guessed`). The costs are convex and the worths
-        fall, so the first token that does not pay ends the round's best. `rates`: the forecasts, if known."""
+    def go_on(self, worths: list[float], rate: float, guessed: bool = False) -> bool:
+        """Whether to draw one more token after a round's tokens so far, whose worths are `worths`, the next one
+        accepted at `rate` once they were (`next_rate`): yes where its worth raises the expected tokens per unit time,
+        for a row in the pass and a token's draft cost (none where the draft drew the token its last forward had
+        guessed: `guessed`). The costs are convex and the worths fall, so the first token that does not pay ends the
+        round's best."""
         if self.costs is None:
             return True
         n, tokens = len(worths), 1.0 + sum(worths)
-        more = worths[-1] * (rates[n] if rates else self.forecasts(n + 1)[n])
-        return (tokens + more) / self.cost(n + 1, int(guessed)) > tokens / self.cost(n)
+        return (tokens + worths[-1] * rate) / self.cost(n + 1, int(guessed)) > tokens / self.cost(n)
 
     def drafting(self, k: int) -> float:
         """The expected tokens per unit time, relative to plain decoding, of a round that drafts and goes on by
@@ -140,7 +148,7 @@ class Policy:
         rates, tokens, cost = self.forecasts(k), 0.0, 0.0
         for first, count in Counter(self.worth(p) for p in self.firsts).items():
             worths = [first]
-            while len(worths) < k and self.go_on(worths, rates=rates):
+            while len(worths) < k and self.go_on(worths, rates[len(worths)]):
                 worths.append(worths[-1] * rates[len(worths)])
             tokens += count * (1.0 + sum(worths))
             cost += count * self.cost(len(worths))
@@ -168,10 +176,14 @@ class Policy:
     def learn(self, verdicts: list[tuple[int, float, bool]]) -> None:
         """A round's verdicts: (depth, draft probability, accepted) of each token the target judged first at its
         depth. Earlier rounds' count less from now on."""
-        self.by_depth.fade()
-        self.by_probability.fade()
+        for kind in (self.by_depth, self.by_probability, self.after):
+            kind.fade()
+        before = None  # the draft probability of the first child at the depth above, where the target accepted it
         for depth, probability, accepted in verdicts:
             self.by_depth.add(depth, accepted)
             self.by_probability.add(bisect_right(EDGES, probability), accepted)
             if depth == 1:
                 self.firsts.append(probability)
+            elif before is not None:
+                self.after.add(bisect_right(EDGES, before), accepted)
+            before = probability if accepted else None

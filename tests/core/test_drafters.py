@@ -123,8 +123,10 @@ def test_each_round_drafts_what_the_policy_reads_from_the_rounds_before():
         n, curve, value = replay.plan(e.k)
         assert e.curve == pytest.approx(curve) and (n == 0) == (not e.drafted)
         worths = list(itertools.accumulate((replay.worth(top[0][1]) for top in e.draft_top), operator.mul))
-        assert all(replay.go_on(worths[:j]) for j in range(1, len(worths)))
-        assert not e.drafted or len(e.drafted) == e.k or not replay.go_on(worths)
+        probs = [top[0][1] for top in e.draft_top]
+        go_on = lambda j: replay.go_on(worths[:j], replay.next_rate(probs[j - 1], j + 1))
+        assert all(go_on(j) for j in range(1, len(worths)))
+        assert not e.drafted or len(e.drafted) == e.k or not go_on(len(worths))
         assert e.gain == pytest.approx(replay.gain(worths) if e.drafted else value)
         judged = range(1, min(e.accepted + 1, len(e.drafted)) + 1)
         replay.learn([(d, e.draft_top[d - 1][0][1], d <= e.accepted) for d in judged])

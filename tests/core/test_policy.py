@@ -57,14 +57,32 @@ def test_verdicts_fade_so_that_the_latest_weigh_most():
 
 
 def test_the_chain_goes_on_while_its_next_token_raises_tokens_per_unit_time():
-    policy = Policy(LINEAR)  # next tokens forecast at 0.8 of the last one's worth
-    # after one token worth 0.9: 1.9 / 1.45 = 1.31 now, (1.9 + 0.72) / 1.9 = 1.38 with one more
-    assert policy.go_on([0.9])
+    policy = Policy(LINEAR)
+    # after one token worth 0.9, the next accepted at 0.8: 1.9 / 1.45 = 1.31 now, (1.9 + 0.72) / 1.9 = 1.38 with it
+    assert policy.go_on([0.9], 0.8)
     # after one worth 0.3: 1.3 / 1.45 = 0.90 now, (1.3 + 0.24) / 1.9 = 0.81 with one more
-    assert not policy.go_on([0.3])
+    assert not policy.go_on([0.3], 0.8)
     assert policy.gain([0.9]) == pytest.approx(1.9 / 1.45)
     # a next token that came with a guess costs only its row: (1.3 + 0.24) / 1.6 = 0.96 > 0.90
-    assert policy.go_on([0.3], guessed=True)
+    assert policy.go_on([0.3], 0.8, guessed=True)
+
+
+def test_the_next_token_is_forecast_by_what_followed_tokens_of_like_probability():
+    """A draft sure of a token is often sure of the next: here the tokens after one drawn at 0.97 are all accepted,
+    those after one drawn at 0.6 half of the time, and the depth alone (at 0.75) cannot tell the two apart."""
+    policy = Policy(LINEAR)
+    for r in range(60):
+        policy.learn([(1, 0.97, True), (2, 0.6, True), (3, 0.97, r % 2 == 0)])
+        policy.learn([(1, 0.6, True), (2, 0.97, r % 2 == 0)])
+    rates = policy.forecasts(3)
+    assert policy.next_rate(0.97, 2) > 0.95 and policy.next_rate(0.6, 2) < 0.55
+    assert policy.next_rate(0.6, 3) < rates[2] < policy.next_rate(0.97, 3)
+    assert policy.next_rate(0.3, 2) == pytest.approx(rates[1])  # none judged after such a token: the depth's
+    # a first child rejected at the depth above (a sibling taken in its place) leaves no verdict after it
+    before = dict(policy.after.judged)
+    policy.learn([(1, 0.1, False), (2, 0.9, True)])
+    assert all(policy.after.judged[key] == pytest.approx(DECAY * count) for key, count in before.items())
+    assert not policy.after.judged[0]
 
 
 def test_the_draft_costs_follow_what_its_rounds_measure():

@@ -289,7 +289,7 @@ def grown_by_confidence(monkeypatch):
     """Trees sized by tree_size alone: every round drafts, the confidence cut alone sets the depth (the policy's own
     stop held open), so the draft forwards vary with this round's draws, and each node is worth its rank."""
     monkeypatch.setattr(Policy, "plan", lambda policy, k, reads=True: (k, [], 0.0))
-    monkeypatch.setattr(Policy, "go_on", lambda policy, worths, forwards: True)
+    monkeypatch.setattr(Policy, "go_on", lambda policy, worths, rate, guessed=False: True)
     monkeypatch.setattr(Policy, "worth", lambda policy, prob: prob)
 
 

@@ -24,7 +24,7 @@ from .pair import Pair, Progress
 
 
 def checked_parts(m: BundledModel) -> list[Path]:
-    """The installed parts of `m`, checked against the pinned size and SHA-256 (0.7 s a GB here) before a byte of
+    """The installed parts of `m`, checked against the pinned size and SHA-256 before a byte of
     them is used: a damaged or replaced part is never read as the model."""
     paths = part_paths(m)
     size, digest = sum(path.stat().st_size for path in paths), file_digest(*paths)

@@ -72,8 +72,8 @@ def file_digest(*paths: Path) -> str:
 
 def sha256(paths) -> str:
     """Each file hashed from a map of it in one call, which leaves the GIL free for the whole file: read in chunks,
-    each chunk takes the GIL back, and beside a busy thread (the app imports gradio while the pair loads) 1 MB chunks
-    took 12 s for the bundled target's 1.1 GB, a map 1.2 s."""
+    each chunk takes the GIL back, and beside a busy thread (the app imports gradio while the pair loads) chunks of a
+    few MB took ten times as long as a map."""
     h = hashlib.sha256()
     for path in paths:
         with open(path, "rb") as f:

@@ -23,7 +23,7 @@ STRING, ARRAY = 8, 9
 class GGUF:
     """A GGUF file's metadata and tensors (by GGUF name), read from memory maps of the file, or of the parts its bytes
     are cut into, in order, read where they lie. (gguf's GGUFReader turns every one of the 150,000 tokens into numpy
-    objects: 9 s for the bundled target, against 0.1 s here.) `shards`: the other files of a model split by
+    objects, which takes seconds where this takes a fraction of one.) `shards`: the other files of a model split by
     llama.cpp's gguf-split (each a GGUF file of its own, holding some of the tensors), their tensors read as this
     file's."""
 

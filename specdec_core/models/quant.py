@@ -47,8 +47,8 @@ class PackedLinear(nn.Module):
 
 class Int4Linear(nn.Module):
     """`wide`: the same weights in int8 as well, for products of WIDE rows or more (a prompt). The int4 kernels
-    compute a step, which waits on memory, cheaply, but a 70-token prompt cost the 0.5B draft 234 ms with PyTorch's,
-    as much as the 1.5B int8 target's. fbgemm's int8 products take it in a quarter.
+    compute a step, which waits on memory, cheaply, but with PyTorch's a prompt cost the 0.5B draft as much as the
+    1.5B int8 target's; fbgemm's int8 products take it in a fraction of that.
     Two kernels: int4_vnni's (`tiles`), where it runs, else PyTorch's (`packed`, `scales`)."""
     GROUP = 32
     WIDE = 8
@@ -259,7 +259,7 @@ def read(linear: nn.Linear) -> nn.Linear:
 
 def load_saved(path: Path, source: str) -> dict:
     """The tensors of a saved quantised model, or {} when there is none, it is unreadable, made from other weights, or
-    its bytes are not those it was written with (its SHA-256, kept beside it: 0.3 s for the bundled draft's)."""
+    its bytes are not those it was written with (its SHA-256, kept beside it)."""
     try:
         if path.with_name(path.name + ".sha256").read_text() != file_digest(path):
             return {}

@@ -2,9 +2,9 @@
 
 A step of the 0.5B draft feeds one or a few tokens through 24 layers. Its int4 products read the weights
 once and are most of the time; the rest of transformers' general forward (module calls, a cache that
-concatenates every layer's keys and values, casts, masks) costs a fifth of a step on two cores, and of the 1.5B
-target's step on its Q4_K/Q6_K blocks a quarter. Here a Llama-shaped decoder (Qwen2, Llama) runs as one loop over
-its layers:
+concatenates every layer's keys and values, casts, masks) costs a large share of a step on a few cores, for the
+draft and for the 1.5B target on its Q4_K/Q6_K blocks alike. Here a Llama-shaped decoder (Qwen2, Llama) runs as one
+loop over its layers:
 - the q/k/v products are one product, and so are gate and up (their packed rows concatenated);
 - the small operations between products (norms and the residual adds, the rotation with the cache writes, the
   activation) are one call each to step_ops.c, not some twenty PyTorch operations a layer;
@@ -247,8 +247,8 @@ class DecodeStep:
 
     def plan(self, n: int, attention: str) -> Plan:
         """The calls of a forward of n rows with their arguments bound, over buffers made here (unbound, the calls'
-        Python cost the target's step about 5% of its time and the draft's 4-9%). Kept for the sizes of steps and passes;
-        a prompt's (its own mask) is made for it alone."""
+        Python took a noticeable share of a step's time, most of all the draft's). Kept for the sizes of steps and
+        passes; a prompt's (its own mask) is made for it alone."""
         d, dt = self.head_dim, self.dtype
         plan = Plan(len(self.layers))
         x = plan.x = plan.buffer("x", n, self.hidden, dt)  # each norm's output: the next product's input

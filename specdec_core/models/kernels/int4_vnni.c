@@ -1,11 +1,10 @@
 /* The int4 draft's product on x86 CPUs with AVX-512 VNNI: y = x W^T, W in int4 with a step and a minimum per
    group of 32 inputs (w = low + q step, q in 0..15), each row of x rounded to int8 per group of 32.
 
-   A draft step waits on memory: it reads 309 MB of weights for one token. PyTorch's int4 kernel streams them at
-   24-30 GB/s on two cores here; this one at 33-40 GB/s, because it prefetches its weights ahead of the
-   arithmetic and multiplies bytes with vpdpbusd instead of widening each weight to float. Rounding the
-   activations moves a draft's logits a little (relative error 0.006 against 0.0025 for bfloat16 ones); the
-   draft only changes how many drafts are accepted, never the output.
+   A draft step waits on memory: it reads 309 MB of weights for one token. This kernel streams them faster than
+   PyTorch's int4 one, because it prefetches its weights ahead of the arithmetic and multiplies bytes with vpdpbusd
+   instead of widening each weight to float. Rounding the activations moves a draft's logits a little more than
+   bfloat16 ones would; the draft only changes how many drafts are accepted, never the output.
 
    Layout (pack in int4_vnni.py): [N / 4][K / 128] tiles of 320 bytes, for 4 outputs and 128 inputs: 256 bytes
    of weights, four 64-byte vectors L = 0..3 of 16 lanes (lane = output * 4 + group of 32), each lane's four

@@ -331,8 +331,8 @@ INLINE void q6_tile(const uint8_t* w, int nb, const Rows* x, int K, int m0, cons
                 const int s = 2 * p + h;
                 const __m512i sc = h ? _mm512_srai_epi32(scs, 16) : _mm512_srai_epi32(_mm512_slli_epi32(scs, 16), 16);
                 /* the block two ahead, in order, 4 of its lines a sub-block: the low bits and qh are read side by side,
-                   2 KB apart, and a fixed distance from each would leave the next block's qh to the hardware (15 GB/s
-                   against 21 for the head's 191 MB) */
+                   2 KB apart, and a fixed distance from each would leave the next block's qh to the hardware, whose
+                   prefetch streams the head more slowly */
                 for (int i = 0; i < 4; i++) _mm_prefetch((const char*)(w + 2 * Q6_PACKED + (4 * s + i) * 64), _MM_HINT_T0);
                 const __m512i qh = _mm512_loadu_si512(w + 2336 + s * 64);
                 const __m512i v0 = _mm512_loadu_si512(w + 288 + 2 * s * 64), v1 = _mm512_loadu_si512(w + 288 + (2 * s + 1) * 64);

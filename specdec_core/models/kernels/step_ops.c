@@ -2,7 +2,7 @@
 
    A step of the 0.5B draft reads its int4 weights in 97 products; between them PyTorch ran some twenty small
    operations a layer (norms, the rotation, the cache writes, the activation), each a dispatch of a few
-   microseconds for a few thousand numbers: a quarter of a step on two cores. Here each run of them is one call.
+   microseconds for a few thousand numbers: a large share of a step on a few cores. Here each run of them is one call.
    Two sets: the draft's activations come and go in bfloat16 (its int4 products' type), the exact target's in
    float32 (its Q4_K/Q6_K products'); sums run in float32, in order, and the residual stream stays in float32.
    Each row is computed alone, the same whatever rows come with it: the target's step and pass agree bit for bit.

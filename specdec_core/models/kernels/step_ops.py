@@ -9,9 +9,9 @@ from pathlib import Path
 from .native import AVX512_VNNI, AVX512_VNNI_FLAGS, cpu_flags, load
 
 SOURCE = Path(__file__).with_name("step_ops.c")
-# the activation's selects vectorise only where no exception flag is kept (the same values: 5x faster for a 17-row
-# pass); no contraction, so that the AVX-512 build (where kquant.c's runs: 3x faster activations than SSE2's, 2x
-# faster norms) computes any other build's bits
+# the activation's selects vectorise only where no exception flag is kept (the same values, several times faster);
+# no contraction, so that the AVX-512 build (where kquant.c's runs, with faster activations and norms than SSE2's)
+# computes any other build's bits
 FLAGS = ["-O3", "-fno-trapping-math", "-ffp-contract=off", "-shared", "-fPIC"]
 
 

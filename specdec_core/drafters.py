@@ -1,14 +1,15 @@
 """Drafters: anything that proposes the next k tokens. The target verifies all of them, so a
 drafter only changes speed (how many are accepted), never the output distribution.
 
-Interface (three methods):
+Interface (two methods; a round enters a drafter once):
   start(ids)                      prefill with the prompt: an iterator, run through, that yields how many of its
                                    tokens are in after each chunk (a long prompt can be stopped between them)
   propose(ids, k, cfg, generator) -> Draft: up to k tokens, and the distributions q they were
                                    sampled from (None for a deterministic drafter: q is a point mass);
                                    on a GPU the tokens stay on the device, and so may the draft's length;
-                                   the draft is a tree (Draft.parents), a chain unless cfg.tree_nodes asks for more
-  commit(ids)                     the round committed tokens; `ids` is the whole sequence now
+                                   the draft is a tree (Draft.parents), a chain unless cfg.tree_nodes asks for more.
+                                   `ids` is the whole sequence: what the rounds since the last draft committed is
+                                   read from it first
 """
 from __future__ import annotations
 
@@ -21,14 +22,15 @@ from torch import nn
 
 from .cache import CachedModel, TreeInput
 from .config import MAX_GUESS
-from .drafts import CachedNodes, Draft, GrowingDraft, Node
+from .drafts import CachedNodes, Draft
 from .events import chain
 from .lookup import HybridDrafter, Ngrams, PromptLookupDrafter
 from .messages import Refusal
 from .policy import Policy
 from .sampling import children, warp, without
-from .theory import PassCosts, tree_size
+from .theory import PassCosts
 from .transfer import upload
+from .trees import GrowingDraft, Node, verdicts
 
 TREE_WIDTH = 4  # a tree node's children
 
@@ -102,7 +104,7 @@ class ModelDrafter:
         self.forwards = 1  # draft forwards the last tree took: this round's sizing must not depend on its own draws
         self.guessed = 0  # nodes, over all drafts, whose distribution came with a guess (no forward of their own)
         self.first_at = self.grown_at = 0.0  # when the last draft's first token was drawn, and its last one
-        # the last draft's start and nodes, judged at commit
+        # the last draft's start and nodes, judged when the next round settles
         self.awaiting_verdicts: tuple[int, list[Node]] | None = None
 
     @property
@@ -137,6 +139,7 @@ class ModelDrafter:
         Where a level feeds the chain's node alone, its forward carries up to cfg.guess guesses of the nodes below
         it (`feed`).
         """
+        self.settle(ids)
         width = min(self.width, self.lm.vocab) if cfg.tree_nodes else 1
         on_device = self.cut_on_device and width == 1
         n, curve, value = self.policy.plan(k, reads=not on_device)
@@ -186,7 +189,7 @@ class ModelDrafter:
             self.first_at = time.perf_counter() if not depth else self.first_at  # the first token's cost ends here
             chain_node = next(i for i in level if g.nodes[i].chain)
             worths.append(g.nodes[chain_node].worth)
-            frontier = self.next_frontier(g, level, chain_node, cfg)
+            frontier = g.frontier(level, chain_node, self.expand, cfg.min_confidence)
             guessed = bool(pending) and frontier == [chain_node] and pending[0][0] == g.nodes[chain_node].token
             if (depth + 1 >= min(k, limit) or g.nodes[chain_node].rank < cfg.min_confidence
                     or not self.policy.go_on(worths, self.policy.next_rate(g.nodes[chain_node].prob, depth + 2),
@@ -212,22 +215,10 @@ class ModelDrafter:
         self.forwards = draft.steps = forwards
         return draft
 
-    def next_frontier(self, g: GrowingDraft, level: list[int], chain_node: int, cfg) -> list[int]:
-        """The nodes fed next: the chain's, and the `expand` - 1 best others of the level whose rank is still at
-        least cfg.min_confidence (they grow while the draft believes in them as much as a chain must to go on)."""
-        nodes = g.nodes
-        others = sorted((i for i in level if i != chain_node and nodes[i].rank >= cfg.min_confidence),
-                        key=lambda i: (-nodes[i].rank, i))[: self.expand - 1]
-        return sorted([chain_node, *others])  # parents before children, as TreeInput wants
-
     def select(self, g: GrowingDraft, start: int, limit: int, cfg) -> Draft:
         """The nodes worth their rows in the target's pass (a chain: every node), as a draft, with the policy's
-        expected gain; the fed ones are remembered for commit, the kept ones for their verdicts."""
-        nodes = g.nodes
-        # the chain first, then the others best first: every prefix is a tree (parents, earlier siblings come first)
-        order = sorted(range(len(nodes)), key=lambda i: (not nodes[i].chain, -nodes[i].rank, i))[:limit]
-        n = tree_size([nodes[i].worth for i in order], self.policy.costs if cfg.tree_nodes else None, self.forwards)
-        keep = sorted(order[:n])
+        expected gain; the fed ones are remembered for the cache, the kept ones for their verdicts (settle)."""
+        nodes, keep = g.nodes, g.kept(limit, self.policy.costs if cfg.tree_nodes else None, self.forwards)
         slot = {node: j for j, node in enumerate(g.fed)}  # where each fed node sits in the cache, after `start`
         self.cache.fed = CachedNodes(start, [nodes[i].token for i in g.fed],
                                      [slot.get(nodes[i].parent, -1) for i in g.fed])
@@ -245,26 +236,12 @@ class ModelDrafter:
         return Draft(upload(tokens, self.lm.device, torch.long), q, shown, torch.stack(g.failed).any(),
                      [renumber.get(nodes[i].parent, -1) for i in keep], expected, gain=gain)
 
-    def commit(self, ids):
+    def settle(self, ids):
+        """What the rounds since the last propose committed (`ids`, the whole sequence now): the last draft's
+        verdicts for the policy, and the draft's cache brought to the committed tokens."""
         self.policy.learn(verdicts(*self.awaiting_verdicts, ids) if self.awaiting_verdicts else [])
         self.awaiting_verdicts = None
         self.cache.commit(ids)
-
-def verdicts(start: int, nodes: list[Node], ids: list[int]) -> list[tuple[int, float, bool]]:
-    """What the target decided of a draft's `nodes` (their parents among them), read from the tokens it committed
-    from `start` on: (depth, draft probability, accepted) of the first child judged at each depth along the path.
-    A committed token that is one of a node's children is that child accepted (a rejected token is never the one
-    put in its place); any other, every child there rejected."""
-    out, at = [], -1
-    for depth, token in enumerate(ids[start:], start=1):
-        kids = [j for j, node in enumerate(nodes) if node.parent == at]
-        if not kids:
-            break
-        out.append((depth, nodes[kids[0]].prob, nodes[kids[0]].token == token))
-        at = next((j for j in kids if nodes[j].token == token), None)
-        if at is None:
-            break
-    return out
 
 
 class EarlyExitDrafter(ModelDrafter):

@@ -95,7 +95,7 @@ def decode(pair, prompt_ids: list[int], cfg: SpecConfig, drafter, method: str, j
         if r.failed:
             raise NonFiniteLogitsError(NON_FINITE)
         # 3) commit the accepted path and the target's token; stop at EOS or the length cap
-        new, finish = commit(target, drafter, ids, r, pair.eos_ids, n_prompt, cfg.max_new_tokens)
+        new, finish = commit(target, ids, r, pair.eos_ids, n_prompt, cfg.max_new_tokens)
         if cfg.adaptive and r.drafted:  # deeper after a path accepted to the draft's depth, shallower after a rejection
             k = min(k + 1, MAX_K) if r.accepted == max(tree_depths(r.parents)) else max(1, k - 1)
         # 4) the event: what was decided, and where the time went
@@ -131,8 +131,9 @@ def verify_draft(target, last: int, draft: Draft, cfg: SpecConfig, gen, judge) -
     return read_round(dataclasses.replace(draft, tokens=x, q=q, failed=failed), logits, p, d, cfg)
 
 
-def commit(target, drafter, ids: list[int], r: Read, eos_ids, n_prompt: int, max_new: int):
-    """Append the round's tokens to `ids` (cut after an EOS) and bring both caches to them: (new tokens, finish)."""
+def commit(target, ids: list[int], r: Read, eos_ids, n_prompt: int, max_new: int):
+    """Append the round's tokens to `ids` (cut after an EOS) and bring the target's cache to them: (new tokens,
+    finish). The drafter reads them from `ids` when it next proposes."""
     new = [r.drafted[i] for i in r.path] + [r.token]
     eos_at = next((i for i, t in enumerate(new) if t in eos_ids), None)
     if eos_at is not None:
@@ -142,7 +143,6 @@ def commit(target, drafter, ids: list[int], r: Read, eos_ids, n_prompt: int, max
     n_gen = len(ids) - n_prompt
     target.compact(root, r.path)  # keep the path's keys and values, drop the other branches' (a chain's: in place)
     target.crop(len(ids) - 1)
-    drafter.commit(ids)
     target.check()
     assert target.length == len(ids) - 1 and n_gen <= max_new
     return new, "eos" if eos_at is not None else "length" if n_gen >= max_new else None

@@ -53,9 +53,6 @@ class PromptLookupDrafter:
     def propose(self, ids, k, cfg, generator):
         return Draft(torch.tensor(self.ngrams.after(ids, ids, k)[1], dtype=torch.long), None)
 
-    def commit(self, ids):
-        pass
-
 
 class HybridDrafter:
     """Prompt lookup when the text is being copied (a full k-token continuation of an earlier
@@ -75,6 +72,11 @@ class HybridDrafter:
         return self.model.start(ids)
 
     def propose(self, ids, k, cfg, generator):
+        if self.copied:  # the last round's copy: mostly rejected, the next rounds go to the model
+            length, copied_k = self.copied
+            if len(ids) - length - 1 < copied_k / 2:  # fewer than half of the copied tokens accepted
+                self.paused = self.pause
+            self.copied = None
         if self.paused:
             self.paused -= 1
         else:
@@ -83,11 +85,3 @@ class HybridDrafter:
                 self.copied = (len(ids), k)
                 return copied
         return self.model.propose(ids, k, cfg, generator)
-
-    def commit(self, ids):
-        if self.copied:
-            length, k = self.copied
-            if len(ids) - length - 1 < k / 2:  # fewer than half of the copied tokens accepted
-                self.paused = self.pause
-            self.copied = None
-        self.model.commit(ids)

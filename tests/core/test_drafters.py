@@ -58,11 +58,10 @@ def test_hybrid_pauses_copying_after_a_copy_the_target_rejected(tiny):
     list(hybrid.start(ids))  # the prefill runs as it is iterated
     copied = lambda draft: draft.expected == 0  # the draft model's drafts carry its own estimate; a copy none
     assert copied(hybrid.propose(ids, 4, SpecConfig(), None))
-    hybrid.commit(ids + [8])  # none of the 4 copied tokens accepted, only the target's own
-    ids = ids + [8]  # "8" again: a copy is possible, but the next two rounds go to the model
+    ids = ids + [8]  # none of the 4 copied tokens accepted, only the target's own: "8" again, so a copy is
+    # possible, but the next two rounds go to the model
     for _ in range(2):
         assert not copied(hybrid.propose(ids, 4, SpecConfig(), None))
-        hybrid.commit(ids)
     assert copied(hybrid.propose(ids, 4, SpecConfig(), None))
 
 
@@ -130,6 +129,7 @@ def test_each_round_drafts_what_the_policy_reads_from_the_rounds_before():
         assert e.gain == pytest.approx(replay.gain(worths) if e.drafted else value)
         judged = range(1, min(e.accepted + 1, len(e.drafted)) + 1)
         replay.learn([(d, e.draft_top[d - 1][0][1], d <= e.accepted) for d in judged])
+    drafter.settle(prompt + [t for e in events for t in e.committed])  # the last round's verdicts, as a next round
     assert drafter.policy.by_depth.judged == pytest.approx(replay.by_depth.judged)
     plain = [not e.drafted for e in events[:-1]]
     assert 5 < sum(plain) < len(plain) - 5 and any(a and not b for a, b in itertools.pairwise(plain))  # and back

@@ -1,10 +1,9 @@
 """The policy (policy.py): how far each round drafts, from the costs and this answer's verdicts."""
 import pytest
 
-from specdec_core.drafters import verdicts
-from specdec_core.drafts import Node
 from specdec_core.policy import DECAY, DRAFT_WEIGHT, EXPLORE, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, Policy
 from specdec_core.theory import PassCosts
+from specdec_core.trees import Node, verdicts
 
 # a draft forward 0.3 of a step, each row of a pass 0.15 of a step more
 LINEAR = PassCosts({1: 1.0, 65: 1.0 + 0.15 * 64}, draft=0.3)

@@ -8,13 +8,13 @@ from scipy.stats import chisquare
 from specdec_core import SpecConfig, generate, speculative_generate, theory, verify
 from specdec_core.cache import TreeInput
 from specdec_core.drafters import ModelDrafter
-from specdec_core.engine import encode_request
 from specdec_core.events import tree_depths
 from specdec_core.models import pair as pair_module
 from specdec_core.policy import Policy
 from specdec_core.sampling import without
 from specdec_core.theory import PassCosts, tree_size
 from specdec_core.timing import TREE_PASS_SIZES
+from specdec_core.trees import GrowingDraft
 from specdec_core.verify import decide
 
 from ..conftest import mutate, with_eos
@@ -211,23 +211,26 @@ def test_a_tree_holds_the_chain_the_chain_drafter_drafts(tiny, min_confidence):
 
 def test_the_draft_keeps_every_accepted_node_it_fed(tiny_set):
     """With the draft equal to the target every chain node is accepted; of a path of depth k, the draft fed
-    all but the last, so after each round its cache holds all of the sequence but the last two tokens (counted
-    without guesses, which would ride on the same forwards)."""
+    all but the last, so when the next round settles its cache holds all of the sequence but the last two tokens
+    (counted without guesses, which would ride on the same forwards)."""
     pair = with_eos(tiny_set["same"], [])
     cfg = SpecConfig(k=6, max_new_tokens=60, tree_nodes=12, guess=0)
-    drafter, n_prompt = ModelDrafter(pair.cached("draft")), len(encode_request(pair, PROMPT, cfg))
-    forward, fed = drafter.lm.forward, []
+    drafter = ModelDrafter(pair.cached("draft"))
+    forward, fed, settle, behind = drafter.lm.forward, [], drafter.settle, []
+
+    def settled(ids):
+        settle(ids)
+        behind.append(len(ids) - drafter.lm.length)
 
     def counting(ids, *args, **kwargs):
         if not kwargs.get("prompt") and kwargs.get("tree") is None:  # a round's catch-up, not the prompt or a level
             fed.append(ids.numel())
         return forward(ids, *args, **kwargs)
 
-    drafter.lm.forward = counting
-    for e in speculative_generate(pair, PROMPT, cfg, drafter):
-        assert e.accepted == e.depth  # the whole chain accepted
-        if not e.finished:
-            assert drafter.lm.length == n_prompt + e.n_generated - 2
+    drafter.lm.forward, drafter.settle = counting, settled
+    events = list(speculative_generate(pair, PROMPT, cfg, drafter))
+    assert all(e.accepted == e.depth for e in events)  # the whole chain accepted
+    assert behind == [1] + [2] * (len(events) - 1)  # after the prompt, its last token alone unfed
     assert fed and max(fed) <= 2  # each round feeds the draft only the two tokens it has not seen
 
 
@@ -409,8 +412,8 @@ def test_trees_the_policy_sizes_by_calibrated_worths_emit_exactly_p():
 
 def test_a_policy_that_prices_a_tree_node_by_its_own_draw_is_caught(monkeypatch):
     """Planted: each node's worth with its own probability taken as the drawn token's under q (a rule that peeks)."""
-    mutate(monkeypatch, ModelDrafter, "select", ("tree_size([nodes[i].worth for i in order]",
-                                                 "tree_size([nodes[i].worth * float(g.qs[nodes[i].q_row][nodes[i].token])"
-                                                 " / nodes[i].prob for i in order]"))
+    mutate(monkeypatch, GrowingDraft, "kept", ("tree_size([nodes[i].worth for i in order]",
+                                               "tree_size([nodes[i].worth * float(self.qs[nodes[i].q_row][nodes[i].token])"
+                                               " / nodes[i].prob for i in order]"))
     with pytest.raises(AssertionError, match="assert np.float64"):
         test_trees_the_policy_sizes_by_calibrated_worths_emit_exactly_p()

@@ -158,8 +158,8 @@ class CachedModel:
     """
 
     def __init__(self, model, vocab: int, static: CompiledForward | None = None, head: SharedHead | None = None,
-                 step=None):
-        self.model, self.vocab, self.step = model, vocab, step
+                 written=None):
+        self.model, self.vocab, self.written = model, vocab, written
         self.device = model.get_input_embeddings().weight.device
         self.static = static
         self.head = None if static else head  # a static cache's keys sit in fixed buffers: nothing to copy in
@@ -187,8 +187,8 @@ class CachedModel:
         logits = None
         if self.static and self.static.compiled and tree is None and not prompt and n <= PADDED_SIZES[-1]:
             logits = self._compiled_forward(ids, keep)
-        elif self.step and not self.static:
-            logits = self.step(ids, self.cache, self.length, keep, tree, prompt)
+        elif self.written and not self.static:
+            logits = self.written(ids, self.cache, self.length, keep, tree, prompt)
         if logits is None:  # a prompt is said so to the attention (attention.row_attention)
             inputs = tree.model_inputs(self.length, self.model.config._attn_implementation, self.device,
                                        self.static.max_len if self.static else None) if tree is not None else {}

@@ -153,7 +153,7 @@ class ModelDrafter:
             draft = self.grow(ids, k, width, cfg, generator)
             if behind <= 2:  # what the round took once, whatever its length, counted with its first token
                 once = self.first_at - t0 + time.perf_counter() - self.grown_at
-                self.policy.observe(once, self.grown_at - self.first_at, draft.steps, len(draft))
+                self.policy.observe(once, self.grown_at - self.first_at, draft.forwards, len(draft))
         draft.curve = curve
         return draft
 
@@ -176,7 +176,7 @@ class ModelDrafter:
             if depth + 1 < k:
                 logits = self.lm.forward(picks[0], keep=1)
         return Draft(torch.cat(chosen), None if cfg.greedy else torch.stack(g.qs),
-                     torch.stack(g.raw) if cfg.record_top else None, torch.stack(g.failed).any(), steps=len(chosen))
+                     torch.stack(g.raw) if cfg.record_top else None, torch.stack(g.failed).any(), forwards=len(chosen))
 
     def grow(self, ids, k, width, cfg, generator) -> Draft:
         """A chain (with its guesses; width 1) or a tree, a level a forward, each level read on the host."""
@@ -212,7 +212,7 @@ class ModelDrafter:
             forwards += 1
         self.grown_at = time.perf_counter()
         draft = self.select(g, start, limit, cfg)
-        self.forwards = draft.steps = forwards
+        self.forwards = draft.forwards = forwards
         return draft
 
     def select(self, g: GrowingDraft, start: int, limit: int, cfg) -> Draft:

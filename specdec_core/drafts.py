@@ -18,7 +18,7 @@ class Draft:
     failed: torch.Tensor | None = None  # () bool on the device: the draft produced NaN or +inf logits
     parents: list[int] = None  # each node's parent (-1: the last committed token); a chain's by default
     expected: float = 0.0  # the draft's own estimate of the tokens the target will accept
-    steps: int = 0  # the draft's forwards (a model's; fewer than its tokens where guesses or a tree's levels saved some)
+    forwards: int = 0  # the draft's forwards (a model's; fewer than its tokens where guesses or a tree's levels saved some)
     curve: list[float] = field(default_factory=list)  # the policy's forecast before the round (policy.Policy.curve)
     gain: float = 0.0  # the policy's expected tokens per unit time of the round as drafted, relative to plain decoding
 

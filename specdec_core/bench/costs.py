@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from ..models.step import DecodeStep, Int4Product
+from ..models.step import DraftStep, Int4Product
 from ..sampling import warp
 from ..timing import contexts_ms, median_ms, pass_ms, prompt_ms
 
@@ -39,8 +39,8 @@ def draft_step_table(pair, context: int = 128, reps: int = 30) -> dict:
     logits = lm.forward(x, keep=1)
     lm.crop(context - 1)
     sampling = {"ms": median_ms(lambda: warp(logits, 0.0)[0].argmax(-1), lm.device, reps), "mb": 0.0}
-    if lm.step is not None:
-        table = written_step_table(lm.step, model, reps)
+    if lm.written is not None:
+        table = written_step_table(lm.written, model, reps)
         table["sampling"] = sampling
         table["attention, norms, rotation, cache and Python"] = {
             "ms": max(total - sum(v["ms"] for v in table.values()), 0.0), "mb": 0.0}
@@ -74,7 +74,7 @@ def draft_step_table(pair, context: int = 128, reps: int = 30) -> dict:
     return {"context": context, "step_ms": total, "target_step_ms": pass_ms(pair, "target", context, 1), "parts": table}
 
 
-def written_step_table(step: DecodeStep, model, reps: int) -> dict:
+def written_step_table(step: DraftStep, model, reps: int) -> dict:
     """The written-out step's parts that read weights, each timed alone as a step runs it: every layer's int4
     products in turn (so their weights come from memory, not a cache), and the head."""
     products = [part for layer in step.layers for part in layer if isinstance(part, Int4Product)]

@@ -15,7 +15,7 @@ from .kernels.kquant import library as kquant_library
 from .pair import Pair, PairInfo, Progress, check_tokenizers, dtype_name, dtype_named, make_pair, pick_device, pick_dtype
 from .quant import fits_blocks
 from .sources import is_gguf
-from .step import DecodeStep
+from .step import DraftStep, TargetForward
 
 
 @dataclass(frozen=True)
@@ -93,8 +93,8 @@ def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOp
         # SDPA would repeat the key/value heads over the whole cache every step: a draft step at 1,000 tokens of
         # context would cost nearly twice one at 128 (docs/benchmarks.md); the draft changes only speed
         pair.draft.set_attn_implementation(GROUPED)
-        if DecodeStep.fits(pair.draft):  # its decoding steps written out (step.py); prompts and trees as above
-            pair.steps["draft"] = DecodeStep(pair.draft)
+        if DraftStep.fits(pair.draft):  # its decoding steps written out (step.py); prompts and trees as above
+            pair.written["draft"] = DraftStep(pair.draft)
     said.update(target_weights=dtype_name(dt), target_quant=quant)
     if quant in ("blocks", "int8"):
         said.update(make_exact(pair, quant, saved, progress))
@@ -119,8 +119,8 @@ def make_exact(pair: Pair, quant: str, saved: dict, progress: Progress) -> dict:
         if not own:  # a Hub checkpoint's values, made Q8_0 blocks
             target_on_blocks(pair.target)
         pair.target.set_attn_implementation(ROWS)
-        if DecodeStep.fits(pair.target):
-            pair.steps["target"] = DecodeStep(pair.target)
+        if TargetForward.fits(pair.target):
+            pair.written["target"] = TargetForward(pair.target)
         return {"target_weights": f"{'blocks' if own else 'q8_0'}:{kquant_library()[1]}"}
     progress(0.9, Note("load_target_int8", model=pair.info.target))
     quantise_target(pair.target, *saved.get("target", (None, "")))

@@ -46,7 +46,7 @@ class Pair:
     info: PairInfo = field(default_factory=PairInfo)
     compiled: dict[str, CompiledForward] = field(default_factory=dict)  # "target" / "draft" -> its compiled forward
     heads: dict[str, SharedHead] = field(default_factory=dict)  # "target" / "draft" -> the chat head's keys and values
-    steps: dict[str, Callable] = field(default_factory=dict)  # "draft" -> its written-out decoding step (step.py)
+    written: dict[str, Callable] = field(default_factory=dict)  # "target" / "draft" -> its forwards written out (step.py)
     pass_costs: PassCosts | None = None  # what sizes drafts here; None: timed on first use (costs())
     timed: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # what costs() timed
 
@@ -60,14 +60,14 @@ class Pair:
         return self.timed["passes"]
 
     def cached(self, role: str) -> CachedModel:
-        """A fresh cache over the target or the draft, with that model's compiled or written-out steps and shared
+        """A fresh cache over the target or the draft, with that model's compiled or written-out forwards and shared
         head (not another model's: dataclasses.replace may have swapped the model and kept the dicts)."""
         model = getattr(self, role)
 
         def own(kind: str):
             found = getattr(self, kind).get(role)
             return found if found is not None and found.model is model else None
-        return CachedModel(model, self.vocab, own("compiled"), own("heads"), own("steps"))
+        return CachedModel(model, self.vocab, own("compiled"), own("heads"), own("written"))
 
 
 def pick_device(device: str = "auto") -> torch.device:

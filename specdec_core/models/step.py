@@ -13,12 +13,12 @@ loop over its layers:
   step pays for little Python beyond the calls (a forward sets only what changes: the cache's buffers and length,
   the residual stream, the rotation, the rows' visible keys).
 
-The draft (int4, bfloat16 activations) takes its one- or few-token steps here, with one SDPA call per layer over
-the grouped key/value heads; its prompts and trees take the general forward. A draft changes the speed, never the
-output: its logits may differ from the general forward's by rounding.
+The draft (DraftStep: int4, bfloat16 activations) takes its one- or few-token steps here, with one SDPA call per
+layer over the grouped key/value heads; its prompts and trees take the general forward. A draft changes the speed,
+never the output: its logits may differ from the general forward's by rounding.
 
-The target on its blocks (float32 activations) takes every forward here, prompts and trees too, so that one
-arithmetic computes all its positions: each operation computes a row alone, the attention too (kquant.c's
+The target on its blocks (TargetForward: float32 activations) takes every forward here, prompts and trees too, so
+that one arithmetic computes all its positions: each operation computes a row alone, the attention too (kquant.c's
 rows_attention: a one-token step's arithmetic for each row of a pass), so a position's logits are the same bits in a
 one-token step and in any pass. A prompt's rows need not match a step's (plain and speculative decoding compute a
 prompt alike): their attention is one grouped call.
@@ -164,12 +164,14 @@ class KQuantProduct:
         return y
 
 
-class DecodeStep:
-    """fits(model): a Llama-shaped decoder on a CPU with int4 projections (the draft) or Q4_K/Q6_K ones (the exact
-    target), where step_ops.c builds.
-    step(ids, cache, length, keep, tree=None, prompt=False): append `ids` [1, n] to `cache` (a DynamicCache of
+class WrittenForward:
+    """A Llama-shaped decoder's forwards on a CPU, written out (TargetForward, DraftStep: which projections and which
+    activations). fits(model): its projections are of this kind, where step_ops.c builds.
+    __call__(ids, cache, length, keep, tree=None, prompt=False): append `ids` [1, n] to `cache` (a DynamicCache of
     RoomLayers holding `length` tokens) and return the logits of the last `keep` positions, [keep, vocab]; None
-    where the general forward is to take it (the draft's prompts and trees)."""
+    where the general forward is to take it."""
+
+    projection, product, dtype, suffix = None, None, None, ""  # a subclass's: the layers' kind, the activations'
 
     def __init__(self, model):
         cfg = model.config
@@ -177,42 +179,36 @@ class DecodeStep:
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.hidden, self.inter = cfg.hidden_size, cfg.intermediate_size
         self.head_dim = getattr(cfg, "head_dim", None) or self.hidden // self.heads
-        self.exact = isinstance(model.get_decoder().layers[0].mlp.down_proj, KQuantLinear)
-        self.dtype, suffix = (torch.float32, "_f32") if self.exact else (torch.bfloat16, "")
-        self.add_norm, self.rotate_write, self.silu_mul = (getattr(ops(), name + suffix)
+        self.add_norm, self.rotate_write, self.silu_mul = (getattr(ops(), name + self.suffix)
                                                            for name in ("add_norm", "rotate_write", "silu_mul"))
-        stack = KQuantProduct if self.exact else Int4Product
         self.layers = []
         for layer in model.get_decoder().layers:
-            a, m = layer.self_attn, layer.mlp
+            a, m, stack = layer.self_attn, layer.mlp, self.product
             self.layers.append((layer.input_layernorm.weight, stack([a.q_proj, a.k_proj, a.v_proj]), stack([a.o_proj]),
                                 layer.post_attention_layernorm.weight, stack([m.gate_proj, m.up_proj]),
                                 stack([m.down_proj]), a.scaling))
         self.lock = threading.Lock()
-        self.plans: dict[tuple[int, str], Plan] = {}  # by rows and attention, the forwards kept (DecodeStep.plan)
+        self.plans: dict[tuple[int, str], Plan] = {}  # by rows and attention, the forwards kept (plan)
 
-    @staticmethod
-    def fits(model) -> bool:
+    @classmethod
+    def fits(cls, model) -> bool:
         cfg = model.config
         layers = model.get_decoder().layers
         attn, mlp = layers[0].self_attn, layers[0].mlp
         projections = [getattr(part, name) for part, names in ((attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
                                                                 (mlp, ("gate_proj", "up_proj", "down_proj"))) for name in names]
-        kind, dtype = ((Int4Linear, torch.bfloat16) if isinstance(projections[0], Int4Linear) else
-                       (KQuantLinear, torch.float32))
         return (model.get_input_embeddings().weight.device.type == "cpu" and cfg.model_type in ("qwen2", "llama")
                 and not getattr(cfg, "use_sliding_window", False) and getattr(cfg, "hidden_act", "silu") == "silu"
-                and all(isinstance(m, kind) for m in projections)
-                and all(norm.weight.dtype == dtype for layer in layers
+                and all(isinstance(m, cls.projection) for m in projections)
+                and all(norm.weight.dtype == cls.dtype for layer in layers
                         for norm in (layer.input_layernorm, layer.post_attention_layernorm))
-                and model.get_decoder().norm.weight.dtype == dtype
+                and model.get_decoder().norm.weight.dtype == cls.dtype
                 and ops() is not None)
 
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, cache, length: int, keep: int, tree: TreeInput | None = None,
                  prompt: bool = False) -> torch.Tensor | None:
-        if not self.exact and (tree is not None or prompt or length == 0) \
-                or not all(isinstance(layer, RoomLayer) for layer in cache.layers) or len(cache.layers) != len(self.layers):
+        if not all(isinstance(layer, RoomLayer) for layer in cache.layers) or len(cache.layers) != len(self.layers):
             return None
         with self.lock:  # one forward at a time: the plans' buffers are shared (generations on threads of their own)
             return self.forward(ids, cache, length, keep, tree, prompt)
@@ -221,7 +217,7 @@ class DecodeStep:
         n = ids.shape[1]
         h = self.model.get_input_embeddings()(ids[0]).float()  # the residual stream, [n, hidden], in float32
         mask, positions = self.visibility(n, length, tree, prompt)
-        attention = ("rows" if not prompt else "prompt") if self.exact else "grouped"
+        attention = self.attention(prompt)
         plan = self.plans.get((n, attention)) or self.plan(n, attention)
         cos, sin = (c[0].contiguous() for c in self.model.get_decoder().rotary_emb(h[None], positions))  # [n, d]
         plan.h.value, plan.cos.value, plan.sin.value, plan.length.value = h.data_ptr(), cos.data_ptr(), sin.data_ptr(), length
@@ -297,8 +293,34 @@ class DecodeStep:
             inputs = tree.model_inputs(length, "sdpa", "cpu")
             return inputs["attention_mask"], inputs["position_ids"]
         positions = torch.arange(length, length + n)[None]
-        if n == 1 or self.exact and not prompt:  # row_attention's chain rows: each sees the cache and those before it
+        if n == 1 or self.attention(prompt) == "rows":  # rows_attention's rows: each sees the cache and those before it
             return None, positions
         causal = torch.ones(n, length + n, dtype=torch.bool).tril(length)
         # the draft's SDPA: rows ordered as the grouped query heads
-        return (causal if self.exact else causal.repeat(self.heads // self.kv_heads, 1))[None, None], positions
+        return (causal.repeat(self.heads // self.kv_heads, 1) if self.attention(prompt) == "grouped" else
+                causal)[None, None], positions
+
+
+class TargetForward(WrittenForward):
+    """The exact target on its Q4_K/Q6_K (and Q5_K, Q8_0) blocks, float32 activations: every forward, steps, chain
+    and tree passes and prompts, each row of a step or a pass computed alone (rows_attention)."""
+
+    projection, product, dtype, suffix = KQuantLinear, KQuantProduct, torch.float32, "_f32"
+
+    @staticmethod
+    def attention(prompt: bool) -> str:
+        return "prompt" if prompt else "rows"
+
+
+class DraftStep(WrittenForward):
+    """The int4 draft's steps of one or a few tokens, bfloat16 activations, one SDPA call a layer over the grouped
+    key/value heads; its prompts and trees take the general forward (None)."""
+
+    projection, product, dtype = Int4Linear, Int4Product, torch.bfloat16
+
+    def __call__(self, ids, cache, length, keep, tree=None, prompt=False):
+        return None if tree is not None or prompt or length == 0 else super().__call__(ids, cache, length, keep)
+
+    @staticmethod
+    def attention(prompt: bool) -> str:
+        return "grouped"

@@ -13,7 +13,7 @@ from specdec_core.bench import prompts as bench
 from specdec_core.engine import encode_request
 from specdec_core.models.kernels import int8_vnni
 from specdec_core.models.quant import draft_to_int4
-from specdec_core.models.step import DecodeStep
+from specdec_core.models.step import DraftStep
 
 from ..conftest import with_eos
 
@@ -224,7 +224,7 @@ def test_bench_times_the_written_draft_step_part_by_part(tmp_path, monkeypatch):
     def with_int4_draft(*args, **kwargs):
         pair = loaded(*args, **kwargs)
         draft = draft_to_int4(copy.deepcopy(pair.draft).to(torch.bfloat16))
-        return dataclasses.replace(pair, draft=draft, steps={"draft": DecodeStep(draft)})
+        return dataclasses.replace(pair, draft=draft, written={"draft": DraftStep(draft)})
     monkeypatch.setattr(bench, "load_pair", with_int4_draft)
     report = bench.main(["--pair", "tiny", "--max-new-tokens", "8", "--limit", "1", "--json", str(tmp_path / "s.json"),
                          "--dtype", "float32", "--device", "cpu", "--draft-table"])

@@ -60,9 +60,10 @@ def test_the_default_target_gives_a_position_the_same_logits_in_a_step_and_in_an
 
     assert bundled_pair.info.target_quant == ("blocks" if kquant.library()[1] == "avx512-vnni" else "int8")
     assert bundled_pair.target.config._attn_implementation == "specdec_rows"
-    step = bundled_pair.steps.get("target")  # on the blocks, every forward written out (step.py)
-    assert (step is not None) == (bundled_pair.info.target_quant == "blocks")
-    alone, chain, branch, branch_alone = logits_alone_and_in_a_pass(bundled_pair.target, bundled_pair.vocab, context, step)
+    written = bundled_pair.written.get("target")  # on the blocks, every forward written out (step.py)
+    assert (written is not None) == (bundled_pair.info.target_quant == "blocks")
+    alone, chain, branch, branch_alone = logits_alone_and_in_a_pass(bundled_pair.target, bundled_pair.vocab, context,
+                                                                    written)
     assert torch.equal(alone, chain) and torch.equal(branch, branch_alone)
 
 

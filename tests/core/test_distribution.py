@@ -19,7 +19,7 @@ from specdec_core.lookup import HybridDrafter, PromptLookupDrafter
 from specdec_core.models import Pair
 from specdec_core.models import step as step_module
 from specdec_core.models.quant import draft_to_int4
-from specdec_core.models.step import DecodeStep
+from specdec_core.models.step import DraftStep
 from specdec_core.sampling import warp
 from specdec_core.theory import PassCosts
 
@@ -180,15 +180,15 @@ def test_the_written_out_int4_draft_steps_samples_follow_the_target(toy_pair):
     cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                       num_key_value_heads=1, initializer_range=0.8, tie_word_embeddings=False)
     draft = draft_to_int4(Qwen2ForCausalLM(cfg).eval().to(torch.bfloat16))
-    step, taken = DecodeStep(draft), []
+    step, taken = DraftStep(draft), []
 
     def spy(ids, cache, length, keep, tree=None, prompt=False):
         logits = step(ids, cache, length, keep, tree, prompt)
         taken.append((tree is not None or prompt, logits is not None))
         return logits
     spy.model = draft  # Pair.cached gives a model the steps made for it
-    pair = dataclasses.replace(toy_pair, draft=draft, steps={"draft": spy})
-    assert DecodeStep.fits(draft) and p_value(pair, CFG) > 1e-3
+    pair = dataclasses.replace(toy_pair, draft=draft, written={"draft": spy})
+    assert DraftStep.fits(draft) and p_value(pair, CFG) > 1e-3
     steps = [took for general_forward, took in taken if not general_forward]
     assert len(steps) > SAMPLES and all(steps)  # every draft step after a prompt went through it
     assert not any(took for general_forward, took in taken if general_forward)  # prompts took the general forward

@@ -16,7 +16,7 @@ from specdec_core.cache import CachedModel, TreeInput
 from specdec_core.models import Pair, gguf_file, gguf_model
 from specdec_core.models.attention import ROWS
 from specdec_core.models.kernels import kquant
-from specdec_core.models.step import DecodeStep, KQuantProduct
+from specdec_core.models.step import KQuantProduct, TargetForward
 
 from ...conftest import FLAT_COSTS
 from .test_int8 import logits_alone_and_in_a_pass
@@ -192,10 +192,10 @@ class Spy:
     """The target's written-out forward (step.py), counting the forwards it took."""
 
     def __init__(self, model):
-        self.step, self.took = DecodeStep(model), 0
+        self.forward, self.took = TargetForward(model), 0
 
     def __call__(self, *args):
-        logits = self.step(*args)
+        logits = self.forward(*args)
         self.took += logits is not None
         return logits
 
@@ -206,7 +206,7 @@ def test_the_target_on_its_blocks_gives_a_position_the_same_logits_alone_or_in_a
     steps, a chain pass and a tree pass."""
     alone, chain, tree, branch_alone = logits_alone_and_in_a_pass(exact_target, 272, context)
     assert torch.equal(alone, chain) and torch.equal(tree, branch_alone)
-    assert DecodeStep.fits(exact_target)
+    assert TargetForward.fits(exact_target)
     spy = Spy(exact_target)
     alone, chain, tree, branch_alone = logits_alone_and_in_a_pass(exact_target, 272, context, spy)
     assert torch.equal(alone, chain) and torch.equal(tree, branch_alone)
@@ -216,7 +216,7 @@ def test_the_target_on_its_blocks_gives_a_position_the_same_logits_alone_or_in_a
 def test_the_written_out_target_follows_the_general_forward(exact_target):
     """The same function: float32 both, so they part only where an activation's int8 rounding tips (one tip moves
     this random model's logits by 1-3%); a tree's mask dropped parts them by up to 95%."""
-    written, general = CachedModel(exact_target, 272, step=Spy(exact_target)), CachedModel(exact_target, 272)
+    written, general = CachedModel(exact_target, 272, written=Spy(exact_target)), CachedModel(exact_target, 272)
     prompt = [(7 * i) % 250 + 3 for i in range(300)]  # two chunks
     worst = 0.0
     for lm in (written, general):
@@ -224,27 +224,27 @@ def test_the_written_out_target_follows_the_general_forward(exact_target):
     for ids, tree in ((torch.tensor([5]), None), (torch.arange(20, 29), None), (torch.arange(40, 46), TreeInput([-1, 0, 0, 1, 2, -1]))):
         mine, theirs = written.forward(ids, keep=len(ids), tree=tree), general.forward(ids, keep=len(ids), tree=tree)
         worst = max(worst, ((mine - theirs).norm() / theirs.norm()).item())
-    assert worst < 0.1 and written.step.took == 2 + 3
+    assert worst < 0.1 and written.written.took == 2 + 3
 
 
 def test_the_forwards_plans_serve_every_cache_and_thread_with_its_own_numbers(exact_target):
-    """A DecodeStep keeps each size's forward as bound calls over buffers of its own (DecodeStep.plan). Two caches
-    that take turns on one step (the race's two lanes), one of them growing its buffers past their room between two
-    steps, and two threads decoding at once, get the logits each would get on a step of its own; and logits handed out
-    stay as they were when later forwards run."""
+    """A TargetForward keeps each size's forward as bound calls over buffers of its own (WrittenForward.plan). Two
+    caches that take turns on one forward (the race's two lanes), one of them growing its buffers past their room
+    between two steps, and two threads decoding at once, get the logits each would get on a forward of its own; and
+    logits handed out stay as they were when later forwards run."""
     import threading
 
     def decode(step, prompt, steps, ready=None):
-        lm = CachedModel(exact_target, 272, step=step)
+        lm = CachedModel(exact_target, 272, written=step)
         lm.prefill(prompt)
         if ready:
             ready.wait()  # both threads decode at once
         return [lm.forward(torch.tensor([(3 * i + prompt[0]) % 250 + 3]), keep=1) for i in range(steps)]
 
     prompts = ([(7 * i) % 250 + 3 for i in range(250)], [(5 * i) % 250 + 3 for i in range(40)])  # 250 + 12 > 256: grows
-    alone = [decode(DecodeStep(exact_target), prompt, 60) for prompt in prompts]
-    shared = DecodeStep(exact_target)
-    lanes = [CachedModel(exact_target, 272, step=shared) for _ in prompts]
+    alone = [decode(TargetForward(exact_target), prompt, 60) for prompt in prompts]
+    shared = TargetForward(exact_target)
+    lanes = [CachedModel(exact_target, 272, written=shared) for _ in prompts]
     for lm, prompt in zip(lanes, prompts):
         lm.prefill(prompt)
     taken, kept = [[], []], None
@@ -274,10 +274,10 @@ def test_a_plan_that_is_not_kept_is_freed_when_its_forward_ends(exact_target):
     import gc
     import weakref
 
-    step, made = DecodeStep(exact_target), []
+    step, made = TargetForward(exact_target), []
     plan = step.plan
     step.plan = lambda n, attention: made.append(plan(n, attention)) or made[-1]
-    lm = CachedModel(exact_target, 272, step=step)
+    lm = CachedModel(exact_target, 272, written=step)
     gc.disable()
     try:
         lm.prefill(list(range(3, 103)))  # a prompt
@@ -297,7 +297,7 @@ def test_a_plan_holds_one_layers_buffers_whatever_the_number_of_layers(exact_tar
     qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * d
     one_layer = 4 * c.hidden_size + 3 * c.intermediate_size + 2 * qkv + 2 * c.intermediate_size  # floats a row, parts too
     for n, attention in ((1, "rows"), (40, "prompt")):
-        plan = DecodeStep(exact_target).plan(n, attention)
+        plan = TargetForward(exact_target).plan(n, attention)
         held = sum(t.numel() for t in plan.buffers.values())
         assert c.num_hidden_layers > 1 and 0 < held <= n * one_layer, (held, n * one_layer)
 
@@ -308,9 +308,9 @@ def test_speculative_decoding_on_the_blocks_is_plain_decoding(files, exact_targe
     from specdec_core.models.tiny import tiny_tokenizer
 
     draft = random_model(1).to(torch.bfloat16)
-    for steps in ({}, {"target": DecodeStep(exact_target)}):  # transformers' forward, then the written-out one
+    for written in ({}, {"target": TargetForward(exact_target)}):  # transformers' forward, then the written-out one
         pair = Pair("gguf", exact_target, draft, tiny_tokenizer(), 259, frozenset(), 4096, torch.device("cpu"),
-                    torch.float32, steps=steps, pass_costs=FLAT_COSTS)
+                    torch.float32, written=written, pass_costs=FLAT_COSTS)
         ar = generate(pair, "blocks", SpecConfig(max_new_tokens=40), "autoregressive").token_ids
         for cfg in (SpecConfig(k=4, max_new_tokens=40), SpecConfig(k=8, max_new_tokens=40, tree_nodes=12)):
             assert generate(pair, "blocks", cfg).token_ids == ar

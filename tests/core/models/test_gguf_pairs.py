@@ -135,8 +135,8 @@ def test_every_type_such_files_hold_loads_exact_in_steps_and_passes(kind, tmp_pa
         assert torch.equal(torch.from_numpy(quants.dequantize(blocks.numpy().reshape(n, -1), T.Q8_0)), values)
     pair = load_pair(str(path), str(path), device="cpu", cache_dir=tmp_path)
     assert {m.kind for m in pair.target.modules() if isinstance(m, kquant.KQuantLinear)} >= {COMPUTED_AS[kind]}
-    for step in (None, pair.steps["target"]):  # as loaded, and its forwards written out (step.py)
-        alone, full, tree, branch_alone = logits_alone_and_in_a_pass(pair.target, pair.vocab, step=step)
+    for written in (None, pair.written["target"]):  # as loaded, and its forwards written out (step.py)
+        alone, full, tree, branch_alone = logits_alone_and_in_a_pass(pair.target, pair.vocab, written=written)
         assert torch.equal(alone, full) and torch.equal(tree, branch_alone)
     greedy_same(pair)
 

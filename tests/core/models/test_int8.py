@@ -165,14 +165,14 @@ def test_the_target_quant_names_a_way_the_target_computes_not_a_kernel():
         load_pair("tiny", target_quant="blocks")
 
 
-def logits_alone_and_in_a_pass(model, vocab, context: int = 57, step=None):
+def logits_alone_and_in_a_pass(model, vocab, context: int = 57, written=None):
     """The logits of 17 positions fed one at a time, as plain decoding does, and the same positions inside one
     17-token chain pass; and, for a tree whose branch 0 -> 2 -> 5 -> ... holds those tokens among other nodes,
-    that branch's rows of the tree pass, beside the same tokens fed alone. step: the model's written-out forward."""
+    that branch's rows of the tree pass, beside the same tokens fed alone. written: the model's written-out forward."""
     from specdec_core.cache import CachedModel, TreeInput
 
     prompt, pass_ids = [3 + i % 90 for i in range(context)], torch.arange(100, 117)
-    lm = CachedModel(model, vocab, step=step)
+    lm = CachedModel(model, vocab, written=written)
     lm.prefill(prompt)
     full = lm.forward(pass_ids, keep=17)
     lm.crop(len(prompt))

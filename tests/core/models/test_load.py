@@ -63,8 +63,8 @@ def test_a_hub_target_computes_on_q8_0_blocks_made_from_its_values_exactly(model
     assert pair.info.target_quant == "blocks" and pair.info.target_weights.startswith("q8_0:")
     assert "Q8_0 blocks made from its values" in Weights(pair.info.target_weights, False).text("en")
     assert {m.kind for m in pair.target.modules() if isinstance(m, kquant.KQuantLinear)} == {8}
-    for step in (None, pair.steps["target"]):
-        alone, full, tree, branch_alone = logits_alone_and_in_a_pass(pair.target, pair.vocab, step=step)
+    for written in (None, pair.written["target"]):
+        alone, full, tree, branch_alone = logits_alone_and_in_a_pass(pair.target, pair.vocab, written=written)
         assert torch.equal(alone, full) and torch.equal(tree, branch_alone)
     cfg = SpecConfig(k=4, max_new_tokens=24)
     assert generate(pair, "hello", cfg).token_ids == generate(pair, "hello", cfg, "autoregressive").token_ids

@@ -11,7 +11,7 @@ from specdec_core.models import quant
 from specdec_core.models import step as step_module
 from specdec_core.models.kernels import native, step_ops
 from specdec_core.models.quant import draft_to_int4
-from specdec_core.models.step import DecodeStep
+from specdec_core.models.step import DraftStep
 
 
 @pytest.mark.parametrize("suffix, bf", [("", torch.bfloat16), ("_f32", torch.float32)])  # the draft's set, the target's
@@ -103,10 +103,10 @@ def test_where_the_draft_steps_operations_cannot_be_built_the_draft_takes_the_ge
     step_module.ops.cache_clear()
     try:
         with pytest.warns(RuntimeWarning, match="no C compiler"):
-            assert not DecodeStep.fits(draft)
+            assert not DraftStep.fits(draft)
         monkeypatch.delenv("CC")
         step_module.ops.cache_clear()
-        assert DecodeStep.fits(draft)  # built with the real compiler
+        assert DraftStep.fits(draft)  # built with the real compiler
     finally:
         step_module.ops.cache_clear()
 
@@ -118,14 +118,14 @@ def test_the_written_out_draft_step_follows_the_general_forward(tiny):
     if step_module.ops() is None:
         pytest.skip("step_ops.c cannot be built here (a warning said why)")
     draft = draft_to_int4(copy.deepcopy(tiny.draft).to(torch.bfloat16))
-    assert DecodeStep.fits(draft) and not DecodeStep.fits(tiny.draft)  # float32 projections: the general forward
-    step, taken = DecodeStep(draft), []
+    assert DraftStep.fits(draft) and not DraftStep.fits(tiny.draft)  # float32 projections: the general forward
+    step, taken = DraftStep(draft), []
 
     def spy(ids, cache, length, keep, tree=None, prompt=False):
         logits = step(ids, cache, length, keep, tree, prompt)
         taken.append((ids.shape[1], tree is not None or prompt, logits is not None))
         return logits
-    fast, general = CachedModel(draft, tiny.vocab, step=spy), CachedModel(draft, tiny.vocab)
+    fast, general = CachedModel(draft, tiny.vocab, written=spy), CachedModel(draft, tiny.vocab)
     prompt = [(7 * i) % 250 + 3 for i in range(40)]
     fast.prefill(prompt), general.prefill(prompt)
     assert taken == [(40, True, False)]  # a prompt takes the general forward

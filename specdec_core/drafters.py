@@ -104,15 +104,17 @@ class ModelDrafter:
         self.forwards = 1  # draft forwards the last tree took: this round's sizing must not depend on its own draws
         self.guessed = 0  # nodes, over all drafts, whose distribution came with a guess (no forward of their own)
         self.first_at = self.grown_at = 0.0  # when the last draft's first token was drawn, and its last one
-        # the last draft's start and nodes, judged when the next round settles
+        # the last draft's start and nodes, judged when the next round settles; the last draft, which the engine
+        # tells how long its verification took
         self.awaiting_verdicts: tuple[int, list[Node]] | None = None
+        self.proposed: Draft | None = None
 
     @property
     def lm(self) -> CachedModel:
         return self.cache.lm
 
     def start(self, ids):
-        self.awaiting_verdicts, self.policy = None, Policy(self.pass_cost)
+        self.awaiting_verdicts, self.proposed, self.policy = None, None, Policy(self.pass_cost)
         yield from self.cache.start(ids)
 
     def propose(self, ids, k, cfg, generator) -> Draft:
@@ -144,7 +146,8 @@ class ModelDrafter:
         on_device = self.cut_on_device and width == 1
         n, curve, value = self.policy.plan(k, reads=not on_device)
         if not n:  # drafting does not pay: a plain step, with no draft forward
-            return Draft(torch.empty(0, dtype=torch.long, device=self.lm.device), None, curve=curve, gain=value)
+            self.proposed = Draft(torch.empty(0, dtype=torch.long, device=self.lm.device), None, curve=curve, gain=value)
+            return self.proposed
         if on_device:  # the curve's length, its expected gain
             draft = self.device_chain(ids, n, cfg, generator)
             draft.gain = value
@@ -155,6 +158,7 @@ class ModelDrafter:
                 once = self.first_at - t0 + time.perf_counter() - self.grown_at
                 self.policy.observe(once, self.grown_at - self.first_at, draft.forwards, len(draft))
         draft.curve = curve
+        self.proposed = draft
         return draft
 
     def draw(self, g: GrowingDraft, logits: torch.Tensor, width: int, cfg,
@@ -238,7 +242,10 @@ class ModelDrafter:
 
     def settle(self, ids):
         """What the rounds since the last propose committed (`ids`, the whole sequence now): the last draft's
-        verdicts for the policy, and the draft's cache brought to the committed tokens."""
+        verdicts and its pass's time for the policy, and the draft's cache brought to the committed tokens."""
+        if self.proposed is not None and self.proposed.verified_s:
+            self.policy.passed(self.proposed.verified_s, len(self.proposed) + 1)
+        self.proposed = None
         self.policy.learn(verdicts(*self.awaiting_verdicts, ids) if self.awaiting_verdicts else [])
         self.awaiting_verdicts = None
         self.cache.commit(ids)

@@ -100,6 +100,7 @@ def decode(pair, prompt_ids: list[int], cfg: SpecConfig, drafter, method: str, j
             k = min(k + 1, MAX_K) if r.accepted == max(tree_depths(r.parents)) else max(1, k - 1)
         # 4) the event: what was decided, and where the time went
         draft_s, verify_s = clock.between(t0, t1), clock.between(t1, t2)
+        draft.verified_s = verify_s  # the drafter reads it when it next proposes
         round_s = clock.lap()
         yield RoundEvent(
             method=method, drafter=drafter.name, round=rnd, k=k_round, drafted=r.drafted, accepted=r.accepted,

@@ -9,8 +9,8 @@ own rounds, weighted toward the latest:
   - the chance that a token drawn at a given draft probability is accepted (`worth`: that probability calibrated by
     the verdicts on tokens drawn at like probabilities);
   - the draft's costs, from the time its rounds take (sampling and reads included): its first token, each forward
-    after it, and how often a later token came with a guess, with no forward of its own; the passes' costs as timed
-    (Pair.costs).
+    after it, and how often a later token came with a guess, with no forward of its own, each against the target's
+    step as its passes now take (`passed`); the passes' costs relative to a step as timed (Pair.costs).
 Within a round the draft goes on while drafting more, at the forecast worths, raises the round's expected tokens per
 unit time (`go_on`), the next token forecast by how often one was accepted after a token of the last one's draft
 probability (`next_rate`). Before it, a drafter that reads each token as it is drawn (a CPU's) drafts where such a round
@@ -72,6 +72,9 @@ class Policy:
         # the draw, the read), each forward after it, and the share of later tokens that came without a forward
         self.first = self.next = costs.draft if costs is not None else 0.0
         self.guessing = 0.0
+        # the target's step as its passes now take, which the draft's times are measured against: a shared machine's
+        # speed changes, and costs timed once would then call the draft dearer or cheaper than it is
+        self.step_s = costs.step_ms / 1000 if costs is not None and costs.step_ms else 0.0
         self.verify = [self.costs.verify(n) for n in range(MAX_TREE_NODES + 2)] if self.costs else []  # n tokens
         self.plain_run = 0  # plain steps since the last round that drafted
 
@@ -79,14 +82,20 @@ class Policy:
         """A round's draft took `first_s` to its first token and `rest_s` for the rest, in `forwards` forwards for
         `tokens` tokens, all included (sampling, reads): the costs move toward these, where the target's step was
         timed."""
-        if self.costs is None or not self.costs.step_ms or not tokens:
+        if self.costs is None or not self.step_s or not tokens:
             return
-        step = self.costs.step_ms / 1000
+        step = self.step_s
         self.first += DRAFT_WEIGHT * (first_s / step - self.first)
         if forwards > 1:
             self.next += DRAFT_WEIGHT * (rest_s / (forwards - 1) / step - self.next)
         if tokens > 1:
             self.guessing += DRAFT_WEIGHT * (1 - (forwards - 1) / (tokens - 1) - self.guessing)
+
+    def passed(self, seconds: float, rows: int) -> None:
+        """A round's target pass of `rows` rows took `seconds`, its read included: the target's step moves toward what
+        that pass says it is now (`PassCosts.verify`: a pass's cost in steps)."""
+        if self.costs is not None and self.step_s and 1 <= rows < len(self.verify):
+            self.step_s += DRAFT_WEIGHT * (seconds / self.verify[rows] - self.step_s)
 
     def forecasts(self, depth: int) -> list[float]:
         """The chance that the target accepts the d-th drafted token once it accepted those before it, d = 1..depth:

@@ -94,6 +94,22 @@ def test_the_draft_costs_follow_what_its_rounds_measure():
     assert policy.cost(3) == pytest.approx(policy.first + 2 * policy.next * (1 - policy.guessing) + 1.0 + 0.15 * 3)
 
 
+def test_the_targets_step_follows_what_its_passes_take():
+    """A shared machine's speed changes: the step the draft's times are measured against follows the target's passes,
+    so a machine now twice as slow for both models leaves the draft's cost in steps where it was."""
+    policy = Policy(PassCosts(LINEAR.sizes, draft=0.3, step_ms=20.0))
+    policy.passed(0.040, 1)  # a plain step of 40 ms
+    assert policy.step_s == pytest.approx(0.020 + DRAFT_WEIGHT * (0.040 - 0.020))
+    for _ in range(60):
+        policy.passed(0.040 * 1.6, 5)  # a pass of 5 rows costs 1.6 steps here: 40 ms a step
+    assert policy.step_s == pytest.approx(0.040)
+    policy.observe(0.012, 0.024, 3, 3)  # the draft twice as slow as at 20 ms steps too
+    assert policy.first == pytest.approx(0.3) and policy.next == pytest.approx(0.3)
+    untimed = Policy(LINEAR)  # no step timed: nothing to follow
+    untimed.passed(0.040, 1)
+    assert untimed.step_s == 0
+
+
 def test_a_rounds_verdicts_are_read_from_the_tokens_it_committed():
     """A tree: the root's children 5 (first) and 6; 5's child 7. The target took 6 (so 5 was rejected), then its own."""
     node = lambda token, parent, prob, sibling: Node(token, parent, prob, 0, sibling, sibling == 0, prob, prob)

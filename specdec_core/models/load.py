@@ -132,10 +132,11 @@ def read_models(target: str, draft: str | None, o: LoadOptions, quant: str, chea
                 dt: torch.dtype, progress: Progress) -> tuple[Pair, dict]:
     """The pair as read, and for the bundled one where its quantised weights are kept: {role: (file, source)}."""
     if target == "tiny":
-        from .tiny import tiny_models
+        from .tiny import NOMINAL_COSTS, tiny_models
         t, d, tok = tiny_models()
-        return make_pair("tiny", t.to(dev, dt), d.to(dev, dt), tok, dev, dt,
-                         PairInfo("tiny-target", "tiny-draft (perturbed copy)")), {}
+        pair = make_pair("tiny", t.to(dev, dt), d.to(dev, dt), tok, dev, dt,
+                         PairInfo("tiny-target", "tiny-draft (perturbed copy)"))
+        return replace(pair, pass_costs=NOMINAL_COSTS), {}
     if target == "bundled":
         from .bundled import DRAFT, TARGET, load_bundled
         pair, root = load_bundled(dev, dt, progress, o.cache_dir, exact=quant == "blocks",

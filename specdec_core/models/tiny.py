@@ -3,12 +3,21 @@
 The tokenizer is byte-level (256 bytes + a few control tokens), so any text round-trips.
 The draft is a perturbed copy of the target, so rounds see full, partial and zero acceptance.
 Tests that need EOS put it where they want it (Pair.eos_ids).
+
+Its two models are of one size, so a draft forward costs about what a target step does and timed costs would have the
+policy draft almost never, as it should for such a pair, and each race would turn on the machine's load of the moment.
+The pair carries NOMINAL_COSTS instead (a free draft, a pass of any size a step): every round drafts as far as asked,
+and a race of it shows drafts, verdicts and trees the same on any machine.
 """
 from __future__ import annotations
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from ..theory import PassCosts
+
+NOMINAL_COSTS = PassCosts({1: 1.0, 65: 1.0}, draft=0.0)
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

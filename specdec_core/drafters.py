@@ -146,9 +146,8 @@ class ModelDrafter:
         on_device = self.cut_on_device and width == 1
         n, curve, value = self.policy.plan(k, reads=not on_device)
         if not n:  # drafting does not pay: a plain step, with no draft forward
-            self.proposed = Draft(torch.empty(0, dtype=torch.long, device=self.lm.device), None, curve=curve, gain=value)
-            return self.proposed
-        if on_device:  # the curve's length, its expected gain
+            draft = Draft(torch.empty(0, dtype=torch.long, device=self.lm.device), None, gain=value)
+        elif on_device:  # the curve's length, its expected gain
             draft = self.device_chain(ids, n, cfg, generator)
             draft.gain = value
         else:  # read on the host level by level: its time is known without a wait, and the policy learns it where

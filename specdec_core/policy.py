@@ -111,11 +111,11 @@ class Policy:
         b = bisect_right(EDGES, probability)
         return self.by_probability.rate(b, MIDDLES[b])
 
-    def next_rate(self, probability: float, depth: int, rates: list[float] | None = None) -> float:
+    def next_rate(self, probability: float, depth: int) -> float:
         """The chance that the target accepts the token at `depth` once it accepted the one before it, drawn at
         `probability`: measured after tokens of like probability (a draft sure of one token tends to be sure of the
-        next), and where few were judged there, the depth's forecast. `rates`: the forecasts, if known."""
-        return self.after.rate(bisect_right(EDGES, probability), (rates or self.forecasts(depth))[depth - 1])
+        next), and where few were judged there, the depth's forecast."""
+        return self.after.rate(bisect_right(EDGES, probability), self.forecasts(depth)[depth - 1])
 
     def cost(self, n: int, free: int = 0) -> float:
         """A round of n drafted tokens, in target steps: the first token, and each later one a forward unless it came

@@ -8,13 +8,11 @@ import torch
 
 from specdec_core.cache import CachedModel
 from specdec_core.models import make_pair
-from specdec_core.models.tiny import tiny_models
-from specdec_core.theory import PassCosts
+from specdec_core.models.tiny import NOMINAL_COSTS, tiny_models
 
 CPU = torch.device("cpu")
 # A tree's verification pass costs what a step does, so trees keep every node drafted: timed costs of
 # the tiny sub-millisecond models would be noise, and their trees (and sampled outputs) would vary run to run.
-FLAT_COSTS = PassCosts({1: 1.0, 65: 1.0}, draft=0.0)
 PRODUCTION_CHECK = CachedModel.check
 
 
@@ -42,7 +40,7 @@ def tiny_set():
     target, perturbed, tok = tiny_models(seed=0)
     unrelated, _, _ = tiny_models(seed=123)
     return {
-        name: dataclasses.replace(make_pair(name, target, draft, tok, CPU, torch.float32), pass_costs=FLAT_COSTS)
+        name: dataclasses.replace(make_pair(name, target, draft, tok, CPU, torch.float32), pass_costs=NOMINAL_COSTS)
         for name, draft in (("same", target), ("perturbed", perturbed), ("unrelated", unrelated))
     }
 

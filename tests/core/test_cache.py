@@ -10,9 +10,7 @@ from specdec_core.cache import CachedModel
 from specdec_core.models import enable_graphs, make_pair
 from specdec_core.models.attention import GROUPED
 from specdec_core.models.quant import quantise_target
-from specdec_core.models.tiny import tiny_models
-
-from ..conftest import FLAT_COSTS
+from specdec_core.models.tiny import NOMINAL_COSTS, tiny_models
 
 CONFIGS = [SpecConfig(k=4, max_new_tokens=40), SpecConfig(k=16, max_new_tokens=50),
            SpecConfig(k=3, max_new_tokens=30, temperature=1.0, seed=3), SpecConfig(k=2, max_new_tokens=30, adaptive=True),
@@ -23,7 +21,7 @@ CONFIGS = [SpecConfig(k=4, max_new_tokens=40), SpecConfig(k=16, max_new_tokens=5
 @pytest.fixture()
 def fresh_pair():
     target, draft, tok = tiny_models(seed=7)
-    pair = dataclasses.replace(make_pair("tiny", target, draft, tok, torch.device("cpu"), torch.float32), pass_costs=FLAT_COSTS)
+    pair = dataclasses.replace(make_pair("tiny", target, draft, tok, torch.device("cpu"), torch.float32), pass_costs=NOMINAL_COSTS)
     return dataclasses.replace(pair, eos_ids=frozenset())
 
 

@@ -20,10 +20,11 @@ from specdec_core.models import Pair
 from specdec_core.models import step as step_module
 from specdec_core.models.quant import draft_to_int4
 from specdec_core.models.step import DraftStep
+from specdec_core.models.tiny import NOMINAL_COSTS
 from specdec_core.sampling import warp
 from specdec_core.theory import PassCosts
 
-from ..conftest import FLAT_COSTS, mutate
+from ..conftest import mutate
 
 pytestmark = pytest.mark.slow  # 2,000 generations a test; the exact one-token check in test_verify.py is fast
 
@@ -43,7 +44,7 @@ def toy(seed):
 def toy_pair():
     target, draft = toy(1), toy(2)
     cpu = torch.device("cpu")
-    return Pair("toy", target, draft, None, VOCAB, frozenset(), 64, cpu, torch.float32, pass_costs=FLAT_COSTS)
+    return Pair("toy", target, draft, None, VOCAB, frozenset(), 64, cpu, torch.float32, pass_costs=NOMINAL_COSTS)
 
 
 def exact_distribution(pair, warp, prompt):

@@ -12,10 +12,11 @@ from specdec_core import SpecConfig, autoregressive_generate, generate, speculat
 from specdec_core.drafters import ModelDrafter, make_drafter
 from specdec_core.lookup import Ngrams, PromptLookupDrafter
 from specdec_core.models import Pair
+from specdec_core.models.tiny import NOMINAL_COSTS
 from specdec_core.policy import DRAFT_WEIGHT, Policy
 from specdec_core.theory import PassCosts
 
-from ..conftest import FLAT_COSTS, with_eos
+from ..conftest import with_eos
 
 PROMPT = "def fib(n):"
 
@@ -183,7 +184,7 @@ def small_vocabulary_pair(vocab: int = 6) -> Pair:
         vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
         num_key_value_heads=1, initializer_range=0.8, tie_word_embeddings=False)).eval() for _ in range(2))
     return Pair("six", target, draft, None, vocab, frozenset(), 512, torch.device("cpu"), torch.float32,
-                pass_costs=FLAT_COSTS)
+                pass_costs=NOMINAL_COSTS)
 
 
 def drafts_of(pair, prompt, cfg) -> tuple[list, int, ModelDrafter]:

@@ -17,8 +17,8 @@ from specdec_core.models import Pair, gguf_file, gguf_model
 from specdec_core.models.attention import ROWS
 from specdec_core.models.kernels import kquant
 from specdec_core.models.step import KQuantProduct, TargetForward
+from specdec_core.models.tiny import NOMINAL_COSTS
 
-from ...conftest import FLAT_COSTS
 from .test_int8 import logits_alone_and_in_a_pass
 
 GGUF_NAMES = {v: k for k, v in gguf_model.HF_NAMES.items()}
@@ -310,7 +310,7 @@ def test_speculative_decoding_on_the_blocks_is_plain_decoding(files, exact_targe
     draft = random_model(1).to(torch.bfloat16)
     for written in ({}, {"target": TargetForward(exact_target)}):  # transformers' forward, then the written-out one
         pair = Pair("gguf", exact_target, draft, tiny_tokenizer(), 259, frozenset(), 4096, torch.device("cpu"),
-                    torch.float32, written=written, pass_costs=FLAT_COSTS)
+                    torch.float32, written=written, pass_costs=NOMINAL_COSTS)
         ar = generate(pair, "blocks", SpecConfig(max_new_tokens=40), "autoregressive").token_ids
         for cfg in (SpecConfig(k=4, max_new_tokens=40), SpecConfig(k=8, max_new_tokens=40, tree_nodes=12)):
             assert generate(pair, "blocks", cfg).token_ids == ar

@@ -15,8 +15,8 @@ from specdec_core import SpecConfig, generate, load_pair
 from specdec_core.messages import Refusal
 from specdec_core.models import gguf_file, gguf_model, gguf_pair, sources
 from specdec_core.models.kernels import kquant
+from specdec_core.models.tiny import NOMINAL_COSTS
 
-from ...conftest import FLAT_COSTS
 from .test_gguf_model import GGUF_NAMES, Q4_K_M, TOKENS, encoded, needs_kernel, write_gguf
 from .test_int8 import logits_alone_and_in_a_pass
 
@@ -75,7 +75,7 @@ def made(tmp_path_factory):
 
 
 def greedy_same(pair, prompt: str = "the cat is in there", n: int = 24) -> list[int]:
-    pair = dataclasses.replace(pair, pass_costs=FLAT_COSTS, eos_ids=frozenset())
+    pair = dataclasses.replace(pair, pass_costs=NOMINAL_COSTS, eos_ids=frozenset())
     cfg = SpecConfig(k=4, max_new_tokens=n)
     spec, plain = generate(pair, prompt, cfg), generate(pair, prompt, cfg, "autoregressive")
     assert spec.token_ids == plain.token_ids

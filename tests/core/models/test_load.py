@@ -9,7 +9,7 @@ from specdec_core import SpecConfig, generate, load_pair
 from specdec_core.models import pick_device, pick_dtype
 from specdec_core.models.tiny import NOMINAL_COSTS, tiny_config, tiny_models, tiny_tokenizer
 
-from ...conftest import FLAT_COSTS, with_eos
+from ...conftest import with_eos
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,7 @@ def test_the_same_model_as_draft_and_target(model_dirs):
     plain = generate(pair, "hello", SpecConfig(k=4, max_new_tokens=20), "autoregressive").token_ids
     assert generate(pair, "hello", SpecConfig(k=4, max_new_tokens=20)).token_ids == plain  # at its own costs
     # a draft as dear as the target never pays, so its own costs may give only plain steps: judged free, it drafts
-    out = generate(dataclasses.replace(pair, pass_costs=FLAT_COSTS), "hello", SpecConfig(k=4, max_new_tokens=20))
+    out = generate(dataclasses.replace(pair, pass_costs=NOMINAL_COSTS), "hello", SpecConfig(k=4, max_new_tokens=20))
     assert out.stats.drafted and out.stats.acceptance_rate == 1.0
     assert out.token_ids == plain
 

@@ -68,9 +68,15 @@ def raced(pair, ids: list[int], cfg: SpecConfig, drafter_name: str) -> dict:
 def run_prompt(pair, item, cfg, drafter_name, compare_hf, hf_k, repeats=1, peer=None, race=False) -> dict:
     ids = encode_request(pair, item["prompt"], cfg)
     ars, specs, hfs, peers, races = [], [], [], [], []
-    for _ in range(repeats):  # interleaved, so that a slow spell of the machine hits every method
-        ars.append(generate(pair, ids, cfg, "autoregressive"))
+    alike, alike_cfg = pair, cfg
+    if not cfg.greedy:  # the decoders draw answers of their own lengths: every run writes as many as the first drew
         specs.append(generate(pair, ids, cfg, drafter=make_drafter(pair, drafter_name, cfg)))
+        alike = dataclasses.replace(pair, eos_ids=frozenset(), pass_costs=pair.costs())
+        alike_cfg = dataclasses.replace(cfg, max_new_tokens=len(specs[0].token_ids))
+    for repeat in range(repeats):  # interleaved, so that a slow spell of the machine hits every method
+        ars.append(generate(alike, ids, alike_cfg, "autoregressive"))
+        if len(specs) <= repeat:
+            specs.append(generate(alike, ids, alike_cfg, drafter=make_drafter(alike, drafter_name, alike_cfg)))
         if compare_hf:
             hfs.append([hf_assisted(pair, ids, cfg, constant_k) for constant_k in (0, hf_k)])
         if peer is not None:  # as many tokens as ours wrote
@@ -87,7 +93,8 @@ def run_prompt(pair, item, cfg, drafter_name, compare_hf, hf_k, repeats=1, peer=
              "decode_speedup": spec.stats.decode_tokens_per_s / ar.stats.decode_tokens_per_s,
              "predicted_speedup": run_prediction(ar, spec, cfg),
              "identical_to_ar": ar.token_ids == spec.token_ids,
-             "seconds_of_repeats": {"ar": [r.stats.seconds for r in ars], "spec": [r.stats.seconds for r in specs]}}
+             "seconds_of_repeats": {"ar": [r.stats.seconds for r in ars], "spec": [r.stats.seconds for r in specs]},
+             "tokens_of_repeats": {"ar": [r.stats.tokens for r in ars], "spec": [r.stats.tokens for r in specs]}}
     if not entry["identical_to_ar"] and cfg.greedy:  # sampled outputs differ by design: exact in distribution
         entry["first_divergence"] = first_divergence(pair, ids, ar.token_ids, spec.token_ids)
     if compare_hf:

@@ -34,6 +34,20 @@ def test_bench_writes_json_and_table(tmp_path, capsys):
     assert "median speedup" in capsys.readouterr().out
 
 
+def test_a_sampled_prompts_plain_decoding_writes_as_many_tokens_as_its_speculative_run(tiny):
+    """Like for like under sampling: the two decoders draw answers of their own lengths, so plain decoding writes as
+    many tokens as the speculative run did (past its own end of sequence), in every repeat."""
+    pair = with_eos(tiny, range(0, tiny.vocab, 5))  # a fifth of the tokens end an answer: lengths differ by draw
+    cfg = SpecConfig(temperature=1.0, max_new_tokens=40, seed=3)
+    ids = encode_request(pair, "x", cfg)
+    natural = [len(bench.generate(pair, ids, cfg, "autoregressive").token_ids),
+               len(bench.generate(pair, ids, cfg, drafter=bench.make_drafter(pair, "model", cfg)).token_ids)]
+    assert natural[0] != natural[1] and max(natural) < 40  # this draw: two lengths, each ended by its own draw
+    e = bench.run_prompt(pair, {"id": "x", "prompt": "x"}, cfg, "model", False, 4, repeats=2)
+    assert e["ar"]["tokens"] == e["spec"]["tokens"] == natural[1]
+    assert e["tokens_of_repeats"] == {"ar": [natural[1]] * 2, "spec": [natural[1]] * 2}
+
+
 @pytest.mark.slow  # a comparison of whole bench runs; test_bench_writes_json_and_table is the fast tier's
 def test_bench_sets_the_apps_race_beside_the_decoders_alone(tmp_path, capsys):
     report = bench.main(["--pair", "tiny", "--max-new-tokens", "12", "--limit", "2", "--json", str(tmp_path / "r.json"),

@@ -79,20 +79,12 @@ class SharedHead:
 
 
 class CompiledForward:
-    """Fixed-size caches and a compiled forward for short inputs, for GPUs.
-
-    A decoding step of a small model is hundreds of tiny kernel launches; compiled with CUDA graphs
-    it is one replay. Graphs need fixed shapes and fixed addresses, so the caches are preallocated
-    (`max_len` positions), kept in a pool and reused, and inputs are padded to a PADDED_SIZES size.
-    Padding is harmless: its keys sit past the committed length, where no query looks (causal
-    mask), and the next step overwrites them. Prompts (prefill) run uncompiled.
-
-    `width`: every decoding forward fed at this many rows, one-token steps too (one shape). A GPU's kernels for a
-    product or an attention of another number of rows may sum in another order, so a position's logits in a step and
-    in a verification pass part in their last bits, and a greedy race on near-ties parts with them; fed at one shape,
-    a row is computed by the same kernels in a step and in a chain's pass. A pass of a token tree runs uncompiled,
-    and is not held to this.
-    """
+    """Fixed-size caches and a compiled forward for short inputs, for GPUs: a small model's step is hundreds of kernel
+    launches, and one replay with CUDA graphs. Graphs need fixed shapes and addresses, so the caches (`max_len`
+    positions) are preallocated and pooled, and inputs padded to a PADDED_SIZES size: padded keys sit past the
+    committed length, where no query looks, and are overwritten next. Prompts and tree passes run uncompiled.
+    `width`: every decoding forward fed at this many rows, so that a row is computed by the same kernels in a step
+    and in a chain's pass (kernels for other row counts may sum in another order, and near-ties part with them)."""
 
     def __init__(self, model, max_len: int, backend: str = "inductor", width: int | None = None):
         self.model, self.max_len, self.width = model, max_len, width

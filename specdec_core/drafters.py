@@ -1,15 +1,10 @@
-"""Drafters: anything that proposes the next k tokens. The target verifies all of them, so a
-drafter only changes speed (how many are accepted), never the output distribution.
-
-Interface (two methods; a round enters a drafter once):
-  start(ids)                      prefill with the prompt: an iterator, run through, that yields how many of its
-                                   tokens are in after each chunk (a long prompt can be stopped between them)
-  propose(ids, k, cfg, generator) -> Draft: up to k tokens, and the distributions q they were
-                                   sampled from (None for a deterministic drafter: q is a point mass);
-                                   on a GPU the tokens stay on the device, and so may the draft's length;
-                                   the draft is a tree (Draft.parents), a chain unless cfg.tree_nodes asks for more.
-                                   `ids` is the whole sequence: what the rounds since the last draft committed is
-                                   read from it first
+"""Drafters propose the next k tokens; the target verifies all of them, so a drafter changes the speed, never the
+output distribution. Two methods, and a round enters a drafter once:
+  start(ids): prefill the prompt, an iterator yielding how many tokens are in after each chunk (a long prompt can
+    be stopped between them);
+  propose(ids, k, cfg, generator) -> Draft: up to k tokens (a chain, or a tree where cfg.tree_nodes asks) and the
+    distributions q they were drawn from (None: a point mass). `ids` is the whole sequence: what the rounds since
+    the last draft committed is read from it first. On a GPU the tokens stay on the device.
 """
 from __future__ import annotations
 
@@ -52,13 +47,10 @@ class DraftCache:
 
     def feed(self, tokens: list[int], rows: int, ids: list[int], path: list[int], most: int,
              tree: TreeInput | None = None) -> tuple[torch.Tensor, list[tuple[int, torch.Tensor]]]:
-        """Feed `tokens` to the draft and, behind the last one, up to `most` guesses: the tokens that followed, in
-        the committed `ids`, the 2- or 3-gram that `path` (ids and the chain so far) ends with, as many as the
-        n-gram is long. Returns the logits of the last `rows` tokens, and each guess with the logits after it. A
-        forward of a few rows costs little more than one, and a guess the chain then draws needs no forward of its
-        own; where it draws another token, the guesses are cropped (those behind the chain's last node, by
-        commit). Either way a node is drawn from the draft's distribution after its own path, and verified
-        against that q."""
+        """Feed `tokens` and, behind them, up to `most` guesses: what followed the 2- or 3-gram that `path` ends with
+        in the committed `ids`. Returns the last `rows` tokens' logits and each guess with the logits after it. A
+        few rows cost about one, and a guess the chain then draws needs no forward of its own; wrong guesses are
+        cropped. Every node is still drawn from the draft's q after its own path."""
         n, guesses = self.ngrams.after(ids, path, most) if most > 0 else (0, [])
         guesses = guesses[:n]
         logits = self.lm.forward(upload(tokens + guesses, self.lm.device), keep=rows + len(guesses), tree=tree)
@@ -81,15 +73,9 @@ class DraftCache:
 
 
 class ModelDrafter:
-    """A small causal LM drafts k tokens autoregressively, sampling each from warped q.
-
-    How far it drafts is the policy's (policy.Policy): before a round, from the costs and the acceptance this
-    answer has met so far, whether to draft at all (else a plain step); within it, whether the next token is
-    worth its forward and its row. A CPU reads each level on the host and decides there: the read costs nothing
-    and the steps saved are slow. A GPU must not wait for the host between steps, so it drafts the policy's
-    forecast length and verifies it all: its steps are paid for either way, and a pass of n + 1 rows costs it what
-    a shorter one does.
-    """
+    """A small causal LM drafts tokens one forward at a time, each drawn from its warped q, as far as the policy says
+    (policy.Policy). A CPU reads each level on the host and decides there; a GPU, which must not wait for the host,
+    drafts the policy's forecast length and verifies it all."""
 
     name = "model"
 
@@ -118,28 +104,16 @@ class ModelDrafter:
         yield from self.cache.start(ids)
 
     def propose(self, ids, k, cfg, generator) -> Draft:
-        """A tree up to k deep, grown a level at a time (EAGLE-2's scheme); a chain (cfg.tree_nodes = 0) is the
-        tree whose nodes have one child each.
+        """A tree up to k deep, grown a level at a time (EAGLE-2's scheme); a chain is the tree of one child a node.
 
-        Each expanded node offers its `width` likeliest children (greedy) or `width` children sampled without
-        replacement (Gumbel top-k, in the order drawn); a chain's one child is the argmax or one draw from q. The
-        first child of each is the chain's token; the chain goes on while the policy says its next token is worth a
-        forward and a row (policy.Policy.go_on), at most k deep, and stops where its path probability under the draft
-        falls below cfg.min_confidence (0: never). A node's rank is that path probability, the j-th child counted at
-        its parent's j-th largest probability; its worth is the chance the target accepts it and its path, each
-        probability calibrated by this answer's verdicts (policy.Policy.worth). Each level feeds the draft, in one
-        forward (a tree mask where it branches), the chain's node and the `expand` - 1 best others whose rank is
-        still at least cfg.min_confidence (on a CPU, where each token of a forward costs more, `expand` is 2: one
-        branch grows beside the chain; the rest are leaves, drawn from distributions the chain computes anyway).
-        A tree keeps the chain, then the best alternatives by rank: n nodes are worth 1 + (the sum of their worths)
-        expected tokens for a target pass of n + 1 tokens, whose cost `pass_cost` says, and nodes are added in that
-        order while the worth per cost rises (theory.tree_size; the draft forwards are counted as the previous tree
-        took). No node ranks above its parent or an earlier sibling, so what is kept is a tree whose siblings are
-        the first ones drawn, as verify.decide requires; and neither a node's rank or worth nor those before it
-        depend on the token drawn there or below, so sampled nodes are kept without bias.
-        Each level's choices are read on the host in one transfer; a GPU's chain (`device_chain`) reads nothing.
-        Where a level feeds the chain's node alone, its forward carries up to cfg.guess guesses of the nodes below
-        it (`feed`).
+        Each expanded node offers its `width` likeliest children (greedy) or `width` drawn without replacement (Gumbel
+        top-k, in the order drawn); the first child is the chain's. The chain goes on while the policy says the next
+        token pays (Policy.go_on), up to k, and while its path probability stays at least cfg.min_confidence. A
+        node's rank is its path probability (the j-th child at its parent's j-th largest probability); its worth,
+        the chance the target accepts its path (Policy.worth). Each level feeds, in one forward, the chain's node and
+        the `expand` - 1 best others (trees.GrowingDraft.frontier); a tree keeps nodes by rank while their worth per
+        pass cost rises (trees.GrowingDraft.kept). No node ranks above its parent or an earlier sibling, and no rank
+        or worth depends on the token drawn there or below: sampled trees are kept without bias (verify.decide).
         """
         self.settle(ids)
         width = min(self.width, self.lm.vocab) if cfg.tree_nodes else 1

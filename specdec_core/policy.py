@@ -1,24 +1,17 @@
-"""How far a round drafts: each round drafts only as far as the measured costs say it pays, 0 included.
+"""How far a round drafts: only as far as the measured costs say it pays, 0 (a plain step) included.
 
-A round that drafts n tokens costs the draft's forwards (relative to a target step) and a target pass of n + 1 tokens
-(`PassCosts.verify`), and brings 1 + the sum, over its tokens, of the chance that the target accepts every token up to
-that one (its worth). Plain decoding brings 1 token for 1 step. The policy learns from this answer's
-own rounds, weighted toward the latest:
-  - the chance that the d-th drafted token is accepted once the ones before it were (`forecast`, by depth): the
-    `curve` of expected tokens per unit time of drafting n = 0..k, forecast before the round;
-  - the chance that a token drawn at a given draft probability is accepted (`worth`: that probability calibrated by
-    the verdicts on tokens drawn at like probabilities);
-  - the draft's costs, from the time its rounds take (sampling and reads included): its first token, each forward
-    after it, and how often a later token came with a guess, with no forward of its own, each against the target's
-    step as its passes now take (`passed`); the passes' costs relative to a step as timed (Pair.costs).
-Within a round the draft goes on while drafting more, at the forecast worths, raises the round's expected tokens per
-unit time (`go_on`), the next token forecast by how often one was accepted after a token of the last one's draft
-probability (`next_rate`). Before it, a drafter that reads each token as it is drawn (a CPU's) drafts where such a round
-pays on average, its first token as probable as the latest first tokens were (`plan`): where it does not, the round
-is a plain step, with no draft forward at all. A drafter that reads nothing between its forwards (a GPU's chain)
-drafts the curve's best length. A token tree keeps its nodes by their worths, by the same rule (theory.tree_size).
-The policy reads only the verdicts of earlier rounds and what the draft has drawn so far, never this round's
-verification: what it drafts is a function of the draft's own draws, as exact verification needs (verify.py).
+A round of n drafted tokens costs the draft's forwards and a target pass of n + 1 rows (`PassCosts.verify`), in target
+steps, and brings 1 + the sum of its tokens' worths (the chance the target accepts every token up to each). Plain
+decoding brings 1 token a step. From this answer's own rounds, the latest weighted most, the policy learns:
+  - the acceptance by depth (`forecasts`), which gives the `curve` of expected speedup against n before a round;
+  - a drawn token's worth, its draft probability calibrated by verdicts on like probabilities (`worth`), and the next
+    token's chance after one of that probability (`next_rate`);
+  - the draft's costs from its rounds' times (first token, later forwards, guesses that needed none), against the
+    target's step as its passes take now (`passed`).
+Within a round the chain goes on while the next token raises the expected tokens per unit time (`go_on`). Before it,
+a CPU's drafter drafts only where such a round pays on average (`plan`), else takes a plain step; a GPU's chain drafts
+the curve's best length. Trees keep nodes by the same rule (theory.tree_size). The policy reads earlier rounds'
+verdicts and the draft's own draws, never this round's verification, as exact verification needs (verify.py).
 """
 from __future__ import annotations
 

@@ -1,17 +1,10 @@
-"""Faster Linear layers for CPUs: PyTorch's own kernels, and products of ours (int4_vnni for the int4 draft; the exact
-int8 layers are in int8.py), and the quantised weights kept in the cache.
+"""Faster Linear layers for CPUs, and the quantised weights kept in the cache.
 
-- PackedLinear (both models, bfloat16 on CPUs): the weight is reordered once into oneDNN's blocked
-  layout. Same numbers as F.linear, and faster, most of all for the few-token passes of decoding.
-The draft's precision changes only how many drafts are accepted, never the output
-(the target verifies every token), so the draft may also use:
-- Int4Linear (the default in bfloat16): int4 weights, a scale and an offset per group of 32
-  inputs; bfloat16 activations (`_weight_int4pack_mm_for_cpu`), or on x86 CPUs with AVX-512 VNNI
-  our own product (int4_vnni), which rounds them to int8 per group of 32 and streams the weights
-  faster. A draft step is mostly reading weights from memory, and this reads the fewest. The bundled
-  GGUF weights are 4-bit already, in blocks of 32 with a scale and a minimum each, so little more is lost.
-- int8.TokenInt8Linear where the int4 product does not fit a layer (float32, odd shapes): int8 weights times
-  activations rounded to int8 per row, the exact target's layer.
+- PackedLinear (bfloat16): the weight reordered once into oneDNN's blocked layout; the same numbers as F.linear.
+- Int4Linear, the draft's (whose precision changes how many drafts are accepted, never the output): int4 weights with
+  a scale and an offset per group of 32 inputs, through PyTorch's int4 product or, with AVX-512 VNNI, our own
+  (int4_vnni: activations rounded to int8 per group), which reads the fewest bytes a step waits on.
+- int8.TokenInt8Linear where int4 fits no layer (float32, odd shapes), and the exact int8 target.
 """
 from __future__ import annotations
 

@@ -1,27 +1,16 @@
 """The decoding forwards on CPUs, written out: the int4 draft's steps, and the exact target's every forward.
 
-A step of the 0.5B draft feeds one or a few tokens through 24 layers. Its int4 products read the weights
-once and are most of the time; the rest of transformers' general forward (module calls, a cache that
-concatenates every layer's keys and values, casts, masks) costs a large share of a step on a few cores, for the
-draft and for the 1.5B target on its Q4_K/Q6_K blocks alike. Here a Llama-shaped decoder (Qwen2, Llama) runs as one
-loop over its layers:
-- the q/k/v products are one product, and so are gate and up (their packed rows concatenated);
-- the small operations between products (norms and the residual adds, the rotation with the cache writes, the
-  activation) are one call each to step_ops.c, not some twenty PyTorch operations a layer;
-- keys and values are written into the room behind the cache's (cache.RoomLayer), not concatenated;
-- a forward of n rows is a Plan: its calls with their arguments bound once, over buffers of its own, so that a
-  step pays for little Python beyond the calls (a forward sets only what changes: the cache's buffers and length,
-  the residual stream, the rotation, the rows' visible keys).
+A Llama-shaped decoder (Qwen2, Llama) runs as one loop over its layers, where transformers' general forward spends a
+large share of a small step on module calls, casts, masks and a cache that concatenates: q/k/v are one product and
+gate/up another; the small operations between products are one step_ops.c call each; keys and values are written
+into the room behind the cache (cache.RoomLayer); and a forward of n rows is a Plan, its calls bound once over
+buffers of its own, so that a step sets only what changes.
 
-The draft (DraftStep: int4, bfloat16 activations) takes its one- or few-token steps here, with one SDPA call per
-layer over the grouped key/value heads; its prompts and trees take the general forward. A draft changes the speed,
-never the output: its logits may differ from the general forward's by rounding.
-
-The target on its blocks (TargetForward: float32 activations) takes every forward here, prompts and trees too, so
-that one arithmetic computes all its positions: each operation computes a row alone, the attention too (kquant.c's
-rows_attention: a one-token step's arithmetic for each row of a pass), so a position's logits are the same bits in a
-one-token step and in any pass. A prompt's rows need not match a step's (plain and speculative decoding compute a
-prompt alike): their attention is one grouped call.
+DraftStep (int4, bfloat16) takes the draft's steps of one or a few tokens, one SDPA call a layer; its prompts and trees
+take the general forward. A draft changes the speed, never the output. TargetForward (the GGUF blocks, float32) takes
+every forward of the target, and computes each row alone, its attention too (kquant.c's rows_attention), so that a
+position's logits are the same bits in a step and in any pass. A prompt's rows are one grouped attention call: plain
+and speculative decoding compute a prompt alike.
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 python -m specdec_core.bench --pair bundled --json out.json [--compare-hf] [--peer llama.cpp] [--repeats 2]
     [--k 16] [--min-confidence 0.65] [--max-new-tokens 128] ... (SpecConfig's defaults) [--drafter model]
 
-Speeds are compared as ratios measured in the same run, after a warm-up.
+Speeds are compared as ratios measured in the same run, after a warm-up, over as many tokens: sampled, plain decoding
+writes as many as the speculative run drew.
 """
 from __future__ import annotations
 

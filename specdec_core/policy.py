@@ -32,7 +32,6 @@ FIRSTS, FIRSTS_NEEDED = 32, 4  # the latest first tokens' probabilities that pri
 EXPLORE = 0.02  # after plain steps, a round drafts again once their count times this reaches what drafting was
 # expected to lose: a probe costs about that shortfall, so probing keeps the loss near this share of a step, and the
 # verdicts it brings let drafting come back where the text has changed
-MISSES = 3  # each probe whose first token was rejected doubles the wait for the next, up to 2 ** MISSES times
 
 
 @dataclass
@@ -71,7 +70,6 @@ class Policy:
         self.step_s = costs.step_ms / 1000 if costs is not None and costs.step_ms else 0.0
         self.verify = [self.costs.verify(n) for n in range(MAX_TREE_NODES + 2)] if self.costs else []  # n tokens
         self.plain_run = 0  # plain steps since the last round that drafted
-        self.misses, self.probing = 0, False  # probes in a row whose first token was rejected; whether one is out
 
     def observe(self, first_s: float, rest_s: float, forwards: int, tokens: int) -> None:
         """A round's draft took `first_s` to its first token and `rest_s` for the rest, in `forwards` forwards for
@@ -162,8 +160,7 @@ class Policy:
         """Before a round: how many tokens it may draft (0: a plain step), the curve, and what drafting is expected
         to bring (for a plain step, what it would have). With `reads` and enough first tokens seen, a round that
         drafts may go to k (go_on stops it); else it drafts the curve's first best length. Where drafting is expected
-        to bring less than a plain step, the round is one, unless enough plain steps came before (EXPLORE), twice as many after each probe whose first token the target
-        rejected (up to 2 ** MISSES times; an accepted first token brings the wait back)."""
+        to bring less than a plain step, the round is one, unless enough plain steps came before (EXPLORE)."""
         curve = self.curve(k)
         if not curve or not k:  # no costs: as far as asked; nothing asked: nothing
             return k, curve, 0.0
@@ -172,9 +169,8 @@ class Policy:
         else:
             n = max(range(1, k + 1), key=lambda j: (curve[j], -j))
             value = curve[n]
-        self.probing = value <= curve[0]
-        if self.probing and self.plain_run * EXPLORE < (curve[0] - value) * 2 ** self.misses:
-            self.plain_run, self.probing = self.plain_run + 1, False
+        if value <= curve[0] and self.plain_run * EXPLORE < curve[0] - value:
+            self.plain_run += 1
             return 0, curve, value
         self.plain_run = 0
         return n, curve, value
@@ -184,11 +180,6 @@ class Policy:
         depth. Earlier rounds' count less from now on."""
         for kind in (self.by_depth, self.by_probability, self.after):
             kind.fade()
-        first = [accepted for depth, _, accepted in verdicts if depth == 1]
-        if any(first):  # drafting found its footing: probes as often as the forecast says
-            self.misses = 0
-        elif first and self.probing:  # a probe's first token rejected: the forecast was kind, the next one waits longer
-            self.misses = min(self.misses + 1, MISSES)
         before = None  # the draft probability of the first child at the depth above, where the target accepted it
         for depth, probability, accepted in verdicts:
             self.by_depth.add(depth, accepted)

@@ -1,7 +1,7 @@
 """The policy (policy.py): how far each round drafts, from the costs and this answer's verdicts."""
 import pytest
 
-from specdec_core.policy import DECAY, DRAFT_WEIGHT, EXPLORE, MISSES, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, Policy
+from specdec_core.policy import DECAY, DRAFT_WEIGHT, EXPLORE, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, Policy
 from specdec_core.theory import PassCosts
 from specdec_core.trees import Node, verdicts
 
@@ -37,28 +37,6 @@ def test_drafting_stops_where_acceptance_no_longer_pays_for_the_draft_and_probes
     run = next(i for i, plan in enumerate(plans) if plan[0])  # the first probe, then plain steps again
     assert run * EXPLORE >= 1.0 - value > (run - 1) * EXPLORE and plans[run + 1][0] == 0
     assert low.plan(8, reads=False)[0] == 0  # a GPU's chain: the curve's best, which is none
-
-
-def test_each_probe_whose_first_token_is_rejected_doubles_the_wait_for_the_next_until_one_is_accepted():
-    """A probe is paid for at what the forecast says drafting loses; where its first token is rejected the forecast was
-    kind, and the next probe waits twice as many plain steps (up to 2 ** MISSES times); an accepted first token, in a
-    probe or a round that paid, brings the wait back."""
-    low = judged(Policy(LINEAR), 0.3, probability=0.2)
-
-    def wait() -> int:  # plain steps before the next probe
-        return next(i for i in range(10_000) if low.plan(8)[0])
-
-    first = wait()
-    waits = []
-    for _ in range(MISSES + 1):
-        low.learn([(1, 0.2, False)])  # the probe's first token rejected
-        waits.append(wait())
-    # a rejected probe barely moves the forecast; the wait doubles, then stays at 2 ** MISSES times
-    assert [w / first for w in waits] == pytest.approx([2 ** min(m + 1, MISSES) for m in range(MISSES + 1)], rel=0.2)
-    low.learn([(1, 0.2, True)])  # this probe's first token accepted: back to probing as often as the forecast says
-    assert wait() == pytest.approx(first, rel=0.2)
-    low.learn([])  # this probe drafted no token (none was worth its row): no verdict, the wait stays
-    assert wait() == pytest.approx(first, rel=0.2)
 
 
 def test_verdicts_fade_so_that_the_latest_weigh_most():

@@ -175,6 +175,8 @@ class PairManager:
             seconds = time.perf_counter() - t0
             verdict = self.gpu_verdict(pair) if self.probe and pair.device.type == "cuda" else []
             old, self.pair, self.spec = self.pair, pair, spec.strip()
+            # its pass costs (seconds on a CPU) timed now, on a thread of their own, not at a visitor's first race
+            threading.Thread(target=pair.costs, name="pair costs", daemon=True).start()
             if old is not None:  # its memory back to the system, once no race holds it
                 del old
                 gc.collect()

@@ -157,7 +157,7 @@ class PairManager:
         if self.pair is not None and not self.failed and (spec or "").strip() == self.spec:
             self._lock.release()
             return self.status  # the pair it serves: nothing to load
-        self.loading, self.failed, fresh = True, False, None
+        self.loading, self.failed = True, False
         try:
             target, draft = self.check_allowed(spec)
             wait = self.loaded_at + LOAD_EVERY_S - time.monotonic()
@@ -174,7 +174,7 @@ class PairManager:
             pair = load_pair(target, draft, self.options, progress=self._progress)
             seconds = time.perf_counter() - t0
             verdict = self.gpu_verdict(pair) if self.probe and pair.device.type == "cuda" else []
-            old, self.pair, self.spec, fresh = self.pair, pair, spec.strip(), pair
+            old, self.pair, self.spec = self.pair, pair, spec.strip()
             if old is not None:  # its memory back to the system, once no race holds it
                 del old
                 gc.collect()
@@ -196,11 +196,6 @@ class PairManager:
             self.loading = False
             self._lock.release()
         print(self.status, flush=True)  # the terminal that started the app sees it too
-        if fresh is not None:  # its pass costs (seconds on a CPU) timed now, serving, not at a visitor's first race
-            try:
-                fresh.costs()
-            except Exception:  # timed again, and said, where a race asks for them
-                pass
         return self.status
 
     @staticmethod

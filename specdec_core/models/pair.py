@@ -2,7 +2,6 @@
 by load_pair, and never changed after (frozen: dataclasses.replace makes another)."""
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -15,7 +14,6 @@ from ..theory import PassCosts
 from ..timing import tree_costs
 
 Progress = Callable[[float, str], None]  # (fraction done, message)
-TIMING = threading.Lock()  # one pair's costs timed at a time: two timings at once would each time the other's load
 
 
 @dataclass(frozen=True)
@@ -54,12 +52,11 @@ class Pair:
 
     def costs(self) -> PassCosts:
         """The target's passes and the draft's forward relative to a target step: `pass_costs`, or timed on this
-        device on first use (timing.tree_costs) and kept with the pair; a second caller waits for that timing."""
+        device on first use (timing.tree_costs) and kept with the pair."""
         if self.pass_costs is not None:
             return self.pass_costs
-        with TIMING:
-            if "passes" not in self.timed:
-                self.timed["passes"] = tree_costs(self)
+        if "passes" not in self.timed:
+            self.timed["passes"] = tree_costs(self)
         return self.timed["passes"]
 
     def cached(self, role: str) -> CachedModel:

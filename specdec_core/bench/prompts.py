@@ -66,8 +66,9 @@ def raced(pair, ids: list[int], cfg: SpecConfig, drafter_name: str) -> dict:
     return {name: summarize(lane) for name, lane in run_race(streams).items()}
 
 
-def run_prompt(pair, item, cfg, drafter_name, compare_hf, hf_k, repeats=1, peer=None, race=False) -> dict:
-    ids = encode_request(pair, item["prompt"], cfg)
+def timed_runs(pair, ids, cfg, drafter_name, compare_hf, hf_k, repeats, peer, race) -> tuple[list, ...]:
+    """Each method's runs of the prompt `ids`, `repeats` times, interleaved: plain, speculative, transformers' assisted
+    generation, the peer and the app's race, as asked. Every plain and speculative run writes as many tokens."""
     ars, specs, hfs, peers, races = [], [], [], [], []
     alike, alike_cfg = pair, cfg
     if not cfg.greedy:  # the decoders draw answers of their own lengths: every run writes as many as the first drew
@@ -84,6 +85,12 @@ def run_prompt(pair, item, cfg, drafter_name, compare_hf, hf_k, repeats=1, peer=
             peers.append(peer.generate(ids, cfg, len(ars[-1].token_ids)))
         if race:
             races.append(raced(pair, ids, cfg, drafter_name))
+    return ars, specs, hfs, peers, races
+
+
+def run_prompt(pair, item, cfg, drafter_name, compare_hf, hf_k, repeats=1, peer=None, race=False) -> dict:
+    ids = encode_request(pair, item["prompt"], cfg)
+    ars, specs, hfs, peers, races = timed_runs(pair, ids, cfg, drafter_name, compare_hf, hf_k, repeats, peer, race)
     ar, spec = fastest(ars, lambda r: r.stats.seconds), fastest(specs, lambda r: r.stats.seconds)
     entry = {"id": item["id"], "category": item.get("category", ""), "prompt_tokens": len(ids),
              "ar": pick(ar.stats, OWN_KEYS),

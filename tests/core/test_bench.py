@@ -250,6 +250,23 @@ def test_bench_times_the_written_draft_step_part_by_part(tmp_path, monkeypatch):
     assert all(e["identical_to_ar"] for e in report["prompts"])
 
 
+def test_the_draft_tables_head_is_timed_after_the_layers_products_as_a_step_runs_it(monkeypatch):
+    """Timed alone, call after call, the head's weights stay partly cached and it reads faster than in a step: each
+    timed head call comes right after every layer's products, as in a step."""
+    from specdec_core.bench import costs
+    from specdec_core.models.tiny import tiny_models
+
+    draft = draft_to_int4(tiny_models(seed=0)[0].to(torch.bfloat16))
+    step, calls = DraftStep(draft), []
+    product = costs.Int4Product.__call__
+    monkeypatch.setattr(costs.Int4Product, "__call__", lambda self, x: calls.append("p") or product(self, x))
+    draft.get_output_embeddings().register_forward_pre_hook(lambda *a: calls.append("h"))
+    table = costs.written_step_table(step, draft, reps=5)
+    assert table["head"]["ms"] > 0 and calls.count("h") == 5 + 3
+    before_each = "".join(calls).split("h")[:-1]  # the calls before each head call
+    assert all(run.count("p") >= 4 * len(step.layers) for run in before_each)  # every layer's four products
+
+
 def test_startup_bench_times_the_check_of_each_cached_file(tmp_path):
     """The digest check a start makes of the weights it runs from, timed as the startup bench shows it."""
     from specdec_core.bench.startup import checks

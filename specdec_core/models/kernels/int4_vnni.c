@@ -19,13 +19,6 @@
 #define TILE 320
 #define ROWS 8        /* rows per pass over the weights */
 
-static inline float from_bf16(uint16_t v) {
-    uint32_t u = (uint32_t)v << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 static inline uint16_t to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
@@ -34,25 +27,31 @@ static inline uint16_t to_bf16(float f) {
 
 /* x [M][K] bfloat16 -> xq [M][Kp] int8 in the tiles' input order, scale [M][Kp / 32] (a group's largest magnitude
    / 127) and total [M][Kp / 32] (scale times the group's sum of int8 values: its sum, as the products see it).
-   Inputs past K (Kp is K rounded up to 128) are 0. */
+   Inputs past K (Kp is K rounded up to 128) are 0. A group of 32 is rounded in two vectors of 16, by the same float
+   operations, in any order the same bits: a maximum, a product, a rounding to nearest even. */
 static void prepare(const uint16_t* x, int M, int K, int Kp, int8_t* xq, float* scale, float* total) {
     for (int m = 0; m < M; m++)
         for (int grp = 0; grp < Kp / 32; grp++) {
-            float v[32], top = 0.f;
-            for (int i = 0; i < 32; i++) {
-                int k = grp * 32 + i;
-                v[i] = k < K ? from_bf16(x[(size_t)m * K + k]) : 0.f;
-                float a = v[i] < 0 ? -v[i] : v[i];
-                top = a > top ? a : top;
+            int k0 = grp * 32, left = K - k0 < 0 ? 0 : K - k0 > 32 ? 32 : K - k0;
+            const uint16_t* src = x + (size_t)m * K + k0;
+            __m512 v[2];
+            for (int h = 0; h < 2; h++) {  /* bfloat16 -> float32: the 16 bits moved up; inputs past K read as 0 */
+                int n = left - 16 * h < 0 ? 0 : left - 16 * h > 16 ? 16 : left - 16 * h;
+                __m256i raw = _mm256_maskz_loadu_epi16((__mmask16)((1u << n) - 1), src + 16 * h);
+                v[h] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
             }
-            float inv = top > 0 ? 127.f / top : 0.f;
-            int sum = 0;
-            int8_t* block = xq + (size_t)m * Kp + (grp / 4) * 128;
-            for (int i = 0; i < 32; i++) {
-                int q = (int)__builtin_rintf(v[i] * inv);
-                sum += q;
-                block[(i / 4) * 16 + (grp % 4) * 4 + i % 4] = (int8_t)q;
-            }
+            float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
+            __m512 inv = _mm512_set1_ps(top > 0 ? 127.f / top : 0.f);
+            __m512i q[2];
+            for (int h = 0; h < 2; h++)
+                q[h] = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v[h], inv),
+                                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
+            uint32_t bytes[8];  /* four inputs a word, in order */
+            _mm_storeu_si128((__m128i*)bytes, _mm512_cvtepi32_epi8(q[0]));
+            _mm_storeu_si128((__m128i*)(bytes + 4), _mm512_cvtepi32_epi8(q[1]));
+            int8_t* block = xq + (size_t)m * Kp + (grp / 4) * 128 + (grp % 4) * 4;
+            for (int c = 0; c < 8; c++) memcpy(block + c * 16, bytes + c, 4);
             scale[(size_t)m * (Kp / 32) + grp] = top / 127.f;
             total[(size_t)m * (Kp / 32) + grp] = top / 127.f * (float)sum;
         }

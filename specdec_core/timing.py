@@ -113,11 +113,13 @@ def probe_costs(pair, k: int = 4, context: int = 128) -> dict:
     return {"c": pass_ms(pair, "draft", context, 1) / ms[1], "v": ms[k + 1] / ms[1], "k": k, "target_step_ms": ms[1]}
 
 
-TREE_PASS_SIZES = (1, 2, 4, 8, 16, 32, 65)
+# the target's passes timed at a pair's first race; larger ones follow the last two sizes' slope (PassCosts.verify), as a
+# CPU's passes do past 16 rows (docs/benchmarks.md#token-trees-and-sampling: what timing 65 rows too cost and changed)
+TREE_PASS_SIZES = (1, 2, 4, 8, 16, 32)
 
 
 def tree_costs(pair, context: int = 128) -> PassCosts:
-    """What sizes drafts on this device: target passes of 1..65 tokens and a draft forward of one token, relative to
+    """What sizes drafts on this device: target passes of 1..32 tokens and a draft forward of one token, relative to
     the target's one-token step, timed now (Pair.costs times them once and keeps them), after `context` tokens, or
     fewer where a static cache (a GPU's compiled steps) would not hold the passes after them."""
     static = pair.compiled.get("target")

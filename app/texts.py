@@ -215,6 +215,10 @@ mostra o primeiro token em que as saídas se separam e o logit do alvo para cada
     "stopped_failed": ("Stopped: the generation failed ({err}).", "Parado: a geração falhou ({err})."),
     "export_first": ("Finish a generation first; then its trace can be exported.",
                      "Termine uma geração primeiro; depois o traço dela pode ser exportado."),
+    "timing_passes": ("Timing this machine once: what a verification pass of 1 to 32 tokens and a draft step cost here, "
+                      "which sets how far each round drafts. The race starts in a few seconds.",
+                      "Medindo esta máquina uma vez: quanto custam aqui uma passada de verificação de 1 a 32 tokens e um "
+                      "passo do rascunho, o que decide até onde cada rodada rascunha. A corrida começa em alguns segundos."),
     "no_model_pick": ("No model is loaded: pick a pair and press Load.",
                       "Nenhum modelo carregado: escolha um par e clique em Carregar."),
     "differ": ("outputs differ", "as saídas diferem"),

@@ -59,6 +59,11 @@ class Pair:
             self.timed["passes"] = tree_costs(self)
         return self.timed["passes"]
 
+    @property
+    def costs_known(self) -> bool:
+        """Whether costs() answers without timing anything (a first race's wait: the app says so first)."""
+        return self.pass_costs is not None or "passes" in self.timed
+
     def cached(self, role: str) -> CachedModel:
         """A fresh cache over the target or the draft, with that model's compiled or written-out forwards and shared
         head (not another model's: dataclasses.replace may have swapped the model and kept the dicts)."""

@@ -186,6 +186,27 @@ def test_a_long_prompt_says_what_it_will_cost_and_stop_ends_its_prefill(tiny, mo
     assert len(forwards) <= 6  # of the 3 x 769 / 16 chunks the prompt would take
 
 
+def test_a_pairs_first_race_says_it_times_the_passes_before_it_does(tiny, monkeypatch):
+    """A pair's first race waits seconds while its passes are timed (Pair.costs): the page says so before they are,
+    and later races, and drafters that time nothing, go straight to the race."""
+    import dataclasses
+
+    from specdec_core.models import pair as pair_module
+
+    timed = []
+    real = pair_module.tree_costs
+    monkeypatch.setattr(pair_module, "tree_costs", lambda p: (timed.append(1), real(p))[1])
+    manager = SimpleNamespace(pair=dataclasses.replace(tiny, pass_costs=None), loading=False)
+    lookup = list(handlers.race_stream(manager, None, "word " * 10, {"max_new_tokens": 4, "drafter": "prompt-lookup"}))
+    assert not timed and not any("Timing" in v.summary for v in lookup)
+    stream = handlers.race_stream(manager, None, "word " * 10, {"max_new_tokens": 4})
+    first = next(stream)
+    assert "Timing this machine" in first.summary and not timed
+    assert list(stream)[-1].state.done and timed == [1]
+    again = list(handlers.race_stream(manager, None, "word " * 10, {"max_new_tokens": 4}))
+    assert again[-1].state.done and timed == [1] and not any("Timing" in v.summary for v in again)
+
+
 @pytest.mark.parametrize("drafter, models", [("model", 3), ("early-exit", 3), ("hybrid", 3), ("prompt-lookup", 2)])
 def test_a_prompts_readings_count_every_model_that_reads_it(tiny, drafter, models):
     """Plain decoding's target, speculative decoding's target, and its draft where the drafter runs a model (the

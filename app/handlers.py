@@ -168,8 +168,6 @@ def api_generate(manager, limits, prompt, settings: dict, request=None):
         raise refused(ValueError(f"prompt must be text (a string), got {type(prompt).__name__}"))
     try:
         wanted = ask(settings)
-        if wanted.drafter != "prompt-lookup" and not pair.costs_known:  # the drafter times the pair's passes first
-            yield empty_view(t("timing_passes", wanted.lang), "info")
         race = start_race(pair, prompt, wanted.cfg, wanted.drafter)
         with admitted(limits, request, wanted, race.meta["prompt_tokens"]):
             yield from _rounds(race)

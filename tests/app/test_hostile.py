@@ -205,6 +205,9 @@ def test_a_pairs_first_race_says_it_times_the_passes_before_it_does(tiny, monkey
     assert list(stream)[-1].state.done and timed == [1]
     again = list(handlers.race_stream(manager, None, "word " * 10, {"max_new_tokens": 4}))
     assert again[-1].state.done and timed == [1] and not any("Timing" in v.summary for v in again)
+    api = SimpleNamespace(pair=dataclasses.replace(tiny, pass_costs=None), loading=False)  # the API: dicts only
+    answers = list(handlers.api_generate(api, None, "word " * 10, {"max_new_tokens": 4}))
+    assert all(isinstance(a, dict) for a in answers) and answers[-1]["done"] and timed == [1, 1]
 
 
 @pytest.mark.parametrize("drafter, models", [("model", 3), ("early-exit", 3), ("hybrid", 3), ("prompt-lookup", 2)])

@@ -14,7 +14,6 @@ from specdec_core.models import LoadOptions, dtype_name
 from specdec_core.models.load import release_freed_memory
 from specdec_core.models.sources import is_gguf, is_local
 from specdec_core.theory import expected_speedup
-from specdec_core.timing import probe_costs
 
 from .i18n import Said, said, t
 
@@ -199,11 +198,12 @@ class PairManager:
         return self.status
 
     @staticmethod
-    def gpu_verdict(pair, a: float = 0.8) -> list[tuple[str, dict]]:
-        """Whether drafting pays on this GPU, from the draft's and the verify pass's costs timed here."""
-        costs = probe_costs(pair)
-        gain = expected_speedup(a, costs["k"], costs["c"], costs["v"])
-        words = [("status_gpu", dict(c=costs["c"], a=a, gain=gain, k=costs["k"]))]
+    def gpu_verdict(pair, a: float = 0.8, k: int = 4) -> list[tuple[str, dict]]:
+        """Whether drafting pays on this GPU, from the draft's and the verify pass's costs timed here (Pair.costs: kept
+        for the races)."""
+        costs = pair.costs()
+        gain = expected_speedup(a, k, costs.draft, costs.verify(k + 1))
+        words = [("status_gpu", dict(c=costs.draft, a=a, gain=gain, k=k))]
         return words + [("status_gpu_small", {})] if gain < 1.2 else words
 
     def load_in_background(self, spec: str) -> threading.Thread:

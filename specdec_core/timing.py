@@ -1,7 +1,7 @@
 """Timing: a decoder's own clock, and passes of a pair's models timed on the device they run on.
 
 Below the engine and the models: the engine charges each round to its Clock, a pair times its passes with
-`tree_costs` (Pair.costs), the app and the benches read `probe_costs`, `passes_ms` and `contexts_ms`. A pair is used
+`tree_costs` (Pair.costs), the benches read `passes_ms` and `contexts_ms`. A pair is used
 through `pair.cached(role)` only, so nothing here imports the models.
 """
 from __future__ import annotations
@@ -104,13 +104,6 @@ def contexts_ms(pair, role: str, contexts, sizes, reps: int = 10, warm: int = 3)
                 if rep >= warm:
                     times[context, n].append(spent)
     return {c: {n: statistics.median(times[c, n]) * 1000 for n in sizes} for c in contexts}
-
-
-def probe_costs(pair, k: int = 4, context: int = 128) -> dict:
-    """The draft's step (c) and a (k+1)-token verification pass (v), each relative to the target's
-    one-token step, timed on this device: what the cost model needs to say whether drafting pays."""
-    ms = passes_ms(pair, "target", context, (1, k + 1))
-    return {"c": pass_ms(pair, "draft", context, 1) / ms[1], "v": ms[k + 1] / ms[1], "k": k, "target_step_ms": ms[1]}
 
 
 # the target's passes timed at a pair's first race; larger ones follow the last two sizes' slope (PassCosts.verify), as a

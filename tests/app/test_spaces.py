@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from app import handlers, pairs
+from app import handlers
 from app.i18n import t
 from app.pairs import PairManager
+from specdec_core.theory import PassCosts
 
 from ..conftest import with_eos
 
@@ -70,13 +71,10 @@ def test_zero_gpu_compiles_nothing_at_start_up(monkeypatch, env, graphs, probe):
     assert {"Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"} <= args.allowlist
 
 
-def test_the_status_line_says_when_drafting_cannot_pay(tiny, monkeypatch):
-    # a draft as dear as the target, as the probe would time it (timed here, it would be at the machine's mercy)
-    timed = []
-    monkeypatch.setattr(pairs, "probe_costs", lambda pair: timed.append(pair) or {"c": 1.0, "v": 1.3, "k": 4})
-    same = dataclasses.replace(tiny, draft=tiny.target)
+def test_the_status_line_says_when_drafting_cannot_pay(tiny):
+    # a draft as dear as the target, as the pair's costs would say (timed here, they would be at the machine's mercy)
+    same = dataclasses.replace(tiny, draft=tiny.target, pass_costs=PassCosts({1: 1.0, 5: 1.3}, draft=1.0))
     said = PairManager.gpu_verdict(same)
-    assert timed == [same]
     words, palavras = ("".join(t(key, lang, **values) for key, values in said) for lang in ("en", "pt"))
     assert "a draft step costs" in words and "gains little" in words
     assert "um passo do rascunho custa" in palavras and "ganha pouco" in palavras

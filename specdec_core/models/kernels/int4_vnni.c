@@ -97,7 +97,7 @@ int int4_vnni_mm(const uint8_t* tiles, const uint16_t* x, int M, int N, int K, u
     float* total = malloc(sizeof(float) * (size_t)M * (Kp / 32));
     if (!xq || !scale || !total) { free(xq); free(scale); free(total); return -1; }
     prepare(x, M, K, Kp, xq, scale, total);
-    #pragma omp parallel for schedule(static) num_threads(threads)
+    #pragma omp parallel for schedule(guided) num_threads(threads)
     for (int q = 0; q < quads; q++) {
         for (int m0 = 0; m0 < M; m0 += ROWS) {
             int rows = M - m0 < ROWS ? M - m0 : ROWS;

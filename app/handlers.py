@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import gradio as gr
 
+from specdec_core.drafters import times_passes
 from specdec_core.sampling import NonFiniteLogitsError
 
 from . import plots
@@ -116,7 +117,7 @@ def race_stream(manager, limits, prompt, settings: dict, request: gr.Request = N
         return
     try:
         wanted = ask(settings)
-        if wanted.drafter != "prompt-lookup" and not pair.costs_known:  # the drafter times the pair's passes first
+        if times_passes(pair, wanted.drafter):
             yield empty_view(t("timing_passes", wanted.lang), "info")
         race = start_race(pair, prompt, wanted.cfg, wanted.drafter)
         with admitted(limits, request, wanted, race.meta["prompt_tokens"]):

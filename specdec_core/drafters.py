@@ -258,6 +258,12 @@ def truncated_view(model: nn.Module, layers: int) -> nn.Module:
 DRAFTERS = ("model", "hybrid", "prompt-lookup", "early-exit")  # by name; the first is the default
 
 
+def times_passes(pair, name: str) -> bool:
+    """Whether make_drafter(pair, name) times the pair's passes first (seconds, once per pair, Pair.costs): every
+    drafter but prompt lookup, until they are timed."""
+    return name != "prompt-lookup" and not pair.costs_known
+
+
 def make_drafter(pair, name: str = DRAFTERS[0], cfg=None):
     """By name: "model" (the pair's draft), "prompt-lookup" (n-grams), "hybrid" (n-grams when text is copied,
     else the draft), "early-exit" (the target's first quarter of layers). A model's drafts go as far as this

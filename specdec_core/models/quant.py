@@ -97,6 +97,20 @@ class Int4Linear(nn.Module):
         y = self.matmul(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
+    def without(self, x: torch.Tensor, skip: tuple[int, int]) -> torch.Tensor:
+        """The outputs but those in [lo, hi) = `skip`, which are -inf: a head whose q is 0 on those tokens, for
+        the bytes of the others (int4_vnni's tiles: 4 outputs a row, so lo and hi are multiples of 4). Where the
+        layer has no tiles, every output."""
+        lo, hi = skip
+        if self.tiles is None or self.bias is not None or lo % 4 or hi % 4 or not 0 < lo <= hi <= self.out_features:
+            return self(x)
+        rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        y = torch.full((len(rows), self.out_features), float("-inf"), dtype=torch.bfloat16)
+        y[:, :lo] = int4_product(self.tiles[: lo // 4], rows, lo, self.in_features)
+        if hi < self.out_features:
+            y[:, hi:] = int4_product(self.tiles[hi // 4:], rows, self.out_features - hi, self.in_features)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.tiles is not None:
             return int4_product(self.tiles, x.to(torch.bfloat16), self.out_features, self.in_features).to(x.dtype)

@@ -85,6 +85,26 @@ def test_the_int4_vnni_product_is_the_reference_arithmetic_for_any_number_of_row
             assert torch.equal(y, torch.cat([q(x[i: i + 1]) for i in range(rows)]))
 
 
+def test_a_head_without_some_tokens_computes_the_others_with_the_same_bits():
+    """Int4Linear.without: the outputs outside [lo, hi) are the whole product's, bit for bit (the same tiles' rows),
+    those inside -inf; shapes it cannot skip (no tiles, bounds not multiples of 4) get the whole product."""
+    if int4_vnni.library()[0] is None:
+        pytest.skip(f"the int4 kernel of our own cannot run here: {int4_vnni.library()[1]}")
+    g = torch.Generator().manual_seed(2)
+    lin = torch.nn.Linear(96, 48, bias=False)
+    lin.weight.data = torch.randn(48, 96, generator=g)
+    q = Int4Linear(lin.to(torch.bfloat16), kernel="vnni")
+    for rows in (1, 2, 5):
+        x = torch.randn(rows, 96, generator=g).bfloat16()
+        with torch.no_grad():
+            whole = q(x)
+            for lo, hi in ((16, 40), (4, 48), (20, 20)):
+                y = q.without(x, (lo, hi))
+                kept = torch.cat([torch.arange(lo), torch.arange(hi, 48)])
+                assert torch.equal(y[:, kept], whole[:, kept]) and torch.isneginf(y[:, lo:hi]).all()
+            assert torch.equal(q.without(x, (6, 40)), whole)  # 6: not a row of tiles
+
+
 def test_the_draft_falls_back_to_int8_where_the_int4_product_does_not_fit(tiny):
     draft = draft_to_int4(copy.deepcopy(tiny.draft).to(torch.bfloat16))
     assert isinstance(draft.model.layers[0].mlp.down_proj, Int4Linear)

@@ -196,13 +196,14 @@ class WrittenForward:
 
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, cache, length: int, keep: int, tree: TreeInput | None = None,
-                 prompt: bool = False) -> torch.Tensor | None:
+                 prompt: bool = False, skip: tuple[int, int] | None = None) -> torch.Tensor | None:
         if not all(isinstance(layer, RoomLayer) for layer in cache.layers) or len(cache.layers) != len(self.layers):
             return None
         with self.lock:  # one forward at a time: the plans' buffers are shared (generations on threads of their own)
-            return self.forward(ids, cache, length, keep, tree, prompt)
+            return self.forward(ids, cache, length, keep, tree, prompt, skip)
 
-    def forward(self, ids: torch.Tensor, cache, length: int, keep: int, tree: TreeInput | None, prompt: bool):
+    def forward(self, ids: torch.Tensor, cache, length: int, keep: int, tree: TreeInput | None, prompt: bool,
+                skip: tuple[int, int] | None = None):
         n = ids.shape[1]
         h = self.model.get_input_embeddings()(ids[0]).float()  # the residual stream, [n, hidden], in float32
         mask, positions = self.visibility(n, length, tree, prompt)
@@ -228,7 +229,11 @@ class WrittenForward:
                     raise MemoryError("no memory for a product's rounded rows or the attention's scores")
         finally:
             plan.cache.layers = plan.cache.mask = None  # a kept plan must not keep a finished generation's cache alive
-        return self.model.get_output_embeddings()(plan.x[n - keep:])
+        return self.logits(plan.x[n - keep:], skip)
+
+    def logits(self, x: torch.Tensor, skip: tuple[int, int] | None) -> torch.Tensor:
+        """The head's logits of the last rows; `skip`: the draft's (DraftStep)."""
+        return self.model.get_output_embeddings()(x)
 
     def plan(self, n: int, attention: str) -> Plan:
         """The calls of a forward of n rows with their arguments bound, over buffers made here (unbound, the calls'
@@ -307,8 +312,14 @@ class DraftStep(WrittenForward):
 
     projection, product, dtype = Int4Linear, Int4Product, torch.bfloat16
 
-    def __call__(self, ids, cache, length, keep, tree=None, prompt=False):
-        return None if tree is not None or prompt or length == 0 else super().__call__(ids, cache, length, keep)
+    def __call__(self, ids, cache, length, keep, tree=None, prompt=False, skip=None):
+        return None if tree is not None or prompt or length == 0 else super().__call__(ids, cache, length, keep,
+                                                                                        skip=skip)
+
+    def logits(self, x, skip):
+        """skip: the ids [lo, hi) the head leaves out (-inf, q = 0 there; Int4Linear.without), or None."""
+        head = self.model.get_output_embeddings()
+        return head.without(x, skip) if skip is not None and isinstance(head, Int4Linear) else head(x)
 
     @staticmethod
     def attention(prompt: bool) -> str:

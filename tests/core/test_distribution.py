@@ -47,13 +47,13 @@ def toy_pair():
     return Pair("toy", target, draft, None, VOCAB, frozenset(), 64, cpu, torch.float32, pass_costs=NOMINAL_COSTS)
 
 
-def exact_distribution(pair, warp, prompt):
+def exact_distribution(pair, warp, prompt, length=LENGTH):
     probs = {}
     with torch.no_grad():
-        for seq in itertools.product(range(VOCAB), repeat=LENGTH):
+        for seq in itertools.product(range(pair.vocab), repeat=length):
             logits = pair.target(torch.tensor([prompt + list(seq)])).logits[0]
             p = warp(logits[len(prompt) - 1: -1])
-            probs[seq] = float(torch.prod(p[torch.arange(LENGTH), torch.tensor(seq)]))
+            probs[seq] = float(torch.prod(p[torch.arange(length), torch.tensor(seq)]))
     return probs
 
 
@@ -69,7 +69,7 @@ def sample_counts(pair, cfg, drafter, prompt):
 
 def p_value(pair, cfg, drafter="model", prompt=PROMPT):
     warped = lambda logits: warp(logits, cfg["temperature"], cfg.get("top_k", 0), cfg.get("top_p", 1.0))[0]
-    exact = exact_distribution(pair, warped, prompt)
+    exact = exact_distribution(pair, warped, prompt, cfg["max_new_tokens"])
     counts = sample_counts(pair, cfg, drafter, prompt)
     assert set(counts) <= {s for s, p in exact.items() if p > 0}
     seqs = sorted(exact, key=exact.get, reverse=True)
@@ -193,6 +193,21 @@ def test_the_written_out_int4_draft_steps_samples_follow_the_target(toy_pair):
     steps = [took for general_forward, took in taken if not general_forward]
     assert len(steps) > SAMPLES and all(steps)  # every draft step after a prompt went through it
     assert not any(took for general_forward, took in taken if general_forward)  # prompts took the general forward
+
+
+def test_a_draft_head_without_the_rare_tokens_samples_the_target(monkeypatch):
+    """The draft's steps leave ids [8, 12) of 16 out of its head (drafters.rare_tokens): q is 0 there, and only the
+    residual writes them. Planted: a residual kept to q's support, which only such a head exposes."""
+    from .test_drafters import int4_head_pair
+    pair, cfg = int4_head_pair(), dict(CFG, max_new_tokens=2)
+    rare = lambda pair: ModelDrafter(pair.cached("draft"), rare=(8, 12))
+    warped = lambda logits: warp(logits, 1.0)[0]
+    exact = exact_distribution(pair, warped, PROMPT, 2)
+    assert sum(p for seq, p in exact.items() if any(8 <= t < 12 for t in seq)) > 0.05  # the target writes them
+    assert p_value(pair, cfg, rare) > 1e-3
+    mutate(monkeypatch, verify, "residual_distribution",
+           ("r = (p - q).clamp(min=0.0)", "r = (p - q).clamp(min=0.0) * (q > 0)"))
+    assert p_value(pair, cfg, rare) < 1e-3
 
 
 def test_a_wrong_residual_is_detected(toy_pair, monkeypatch):

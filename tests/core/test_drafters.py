@@ -9,7 +9,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specdec_core import SpecConfig, autoregressive_generate, generate, speculative_generate
-from specdec_core.drafters import ModelDrafter, make_drafter
+from specdec_core.drafters import ModelDrafter, make_drafter, rare_tokens
 from specdec_core.lookup import Ngrams, PromptLookupDrafter
 from specdec_core.models import Pair
 from specdec_core.models.tiny import NOMINAL_COSTS
@@ -210,3 +210,52 @@ def test_guesses_save_draft_forwards_and_change_no_draft(temperature):
     if not temperature:
         assert [t for _, committed in guessed for t in committed] == \
             [t for e in autoregressive_generate(pair, prompt, cfg) for t in e.committed]
+
+
+def int4_head_pair() -> Pair:
+    """A float32 target over 16 tokens and its int4 copy as the draft, whose steps are written out (DraftStep) and
+    whose head is int4 too (16 outputs: int4_vnni's tiles)."""
+    from specdec_core.models import step as step_module
+    from specdec_core.models.kernels import int4_vnni
+    from specdec_core.models.quant import Int4Linear, draft_to_int4
+    from specdec_core.models.step import DraftStep
+    if step_module.ops() is None or int4_vnni.library()[0] is None:
+        pytest.skip("the draft's written-out step or its int4 product cannot be built here (a warning said why)")
+    torch.manual_seed(3)  # a target that writes ids 8-11 a quarter of the time after its prompts
+    target = Qwen2ForCausalLM(Qwen2Config(vocab_size=16, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                          num_attention_heads=2, num_key_value_heads=1, initializer_range=0.3,
+                                          tie_word_embeddings=False)).eval()
+    draft = Qwen2ForCausalLM(target.config).eval()
+    draft.load_state_dict(target.state_dict())
+    draft = draft_to_int4(draft.to(torch.bfloat16))
+    assert isinstance(draft.lm_head, Int4Linear) and draft.lm_head.tiles is not None and DraftStep.fits(draft)
+    return Pair("sixteen", target, draft, None, 16, frozenset(), 512, torch.device("cpu"), torch.float32,
+                pass_costs=NOMINAL_COSTS, written={"draft": DraftStep(draft)})
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_head_without_the_rare_tokens_drafts_none_until_the_text_holds_one(temperature, monkeypatch):
+    """The draft's steps leave ids [8, 12) out of its head (q = 0 there) until the target writes one; from then on
+    it drafts over all. Greedy output is plain decoding's, rare tokens included: they come from the target."""
+    from specdec_core.models.quant import Int4Linear
+    pair, prompt = int4_head_pair(), [1, 2, 3, 4, 5, 6, 7, 1, 2]
+    skipped = []
+    without = Int4Linear.without
+    monkeypatch.setattr(Int4Linear, "without", lambda self, x, skip: skipped.append(skip) or without(self, x, skip))
+    cfg = SpecConfig(k=4, max_new_tokens=60, temperature=temperature, seed=1)
+    drafter = ModelDrafter(pair.cached("draft"), rare=(8, 12))
+    events = list(speculative_generate(pair, prompt, cfg, drafter))
+    committed = [t for e in events for t in e.committed]
+    first = next(i for i, e in enumerate(events) if any(8 <= t < 12 for t in e.committed))  # the target wrote one
+    before = [t for e in events[: first + 1] for t in e.drafted]
+    assert before and not any(8 <= t < 12 for t in before) and set(skipped) == {(8, 12)}
+    assert drafter.lm.skip is None and any(8 <= t < 12 for e in events[first + 1:] for t in e.drafted)
+    if not temperature:
+        assert committed == [t for e in autoregressive_generate(pair, prompt, cfg) for t in e.committed]
+
+
+def test_only_qwen2s_vocabulary_has_rare_tokens_left_out(tiny):
+    """rare_tokens: Qwen2's ids from 98,304 to its first special token (151,643), cut to int4 tiles' rows of 4."""
+    qwen2 = type("Tokenizer", (), {"convert_tokens_to_ids": lambda self, token: {"<|endoftext|>": 151643}[token]})()
+    assert rare_tokens(dataclasses.replace(tiny, tokenizer=qwen2)) == (98304, 151640)
+    assert rare_tokens(tiny) is None and make_drafter(tiny, "model").rare is None

@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from ..drafters import rare_tokens
 from ..models.step import DraftStep, Int4Product
 from ..sampling import warp
 from ..timing import contexts_ms, median_ms, pass_ms, prompt_ms
@@ -27,7 +28,8 @@ def costs_by_context(pair, contexts: list[int], k: int) -> dict:
 def draft_step_table(pair, context: int = 128, reps: int = 30) -> dict:
     """Where a draft step's time goes: per part of the model (all layers' attention blocks, MLPs and norms, the
     head), milliseconds and megabytes of weights read, timed with hooks (each its share of a step timed without
-    them); sampling (warp and argmax) timed apart; what is left of a step is Python and dispatch outside those."""
+    them); sampling (warp and argmax) timed apart; what is left of a step is Python and dispatch outside those. Where
+    a race's steps leave the rare ids out of the head (drafters.rare_tokens), that head is timed too, apart."""
     lm, model = pair.cached("draft"), pair.draft
     lm.prefill(list(range(1, context)))
     x = torch.ones(1, dtype=torch.long, device=lm.device)
@@ -41,12 +43,13 @@ def draft_step_table(pair, context: int = 128, reps: int = 30) -> dict:
     lm.crop(context - 1)
     sampling = {"ms": median_ms(lambda: warp(logits, 0.0)[0].argmax(-1), lm.device, reps), "mb": 0.0}
     if lm.written is not None:
-        table = written_step_table(lm.written, model, reps)
+        table = written_step_table(lm.written, model, reps, rare_tokens(pair))
+        rare = table.pop("head, rare ids left out", None)
         table["sampling"] = sampling
         table["attention, norms, rotation, cache and Python"] = {
             "ms": max(total - sum(v["ms"] for v in table.values()), 0.0), "mb": 0.0}
         return {"context": context, "step_ms": total, "target_step_ms": pass_ms(pair, "target", context, 1),
-                "parts": table}
+                "parts": table, **({"head_without_rare": rare} if rare else {})}
     layers = model.get_decoder().layers
     parts = {"attention": [m.self_attn for m in layers], "mlp": [m.mlp for m in layers],
              "norms": [n for m in layers for n in (m.input_layernorm, m.post_attention_layernorm)]
@@ -75,27 +78,35 @@ def draft_step_table(pair, context: int = 128, reps: int = 30) -> dict:
     return {"context": context, "step_ms": total, "target_step_ms": pass_ms(pair, "target", context, 1), "parts": table}
 
 
-def written_step_table(step: DraftStep, model, reps: int) -> dict:
+def written_step_table(step: DraftStep, model, reps: int, rare: tuple[int, int] | None = None) -> dict:
     """The written-out step's parts that read weights, timed as a step runs them, so that their weights come from
     memory, not a cache: every layer's int4 products in turn, and the head after them (timed alone, call after call,
-    its weights stay partly cached and it reads faster than in a step)."""
+    its weights stay partly cached and it reads faster than in a step); with `rare`, the layers' products again and
+    the head without those ids (step.DraftStep.logits)."""
     products = [part for layer in step.layers for part in layer if isinstance(part, Int4Product)]
     inputs = {p.in_features: torch.zeros(1, p.in_features, dtype=torch.bfloat16) for p in products}
     head = model.get_output_embeddings()
     hidden = inputs[step.hidden]
 
-    spent = {"products": [], "head": []}
+    spent = {"products": [], "head": [], "rare": []}
     for _ in range(reps + 3):  # the first three warm up
-        t0 = time.perf_counter()
-        for product in products:
-            product(inputs[product.in_features])
-        t1 = time.perf_counter()
-        head(hidden)
-        spent["products"].append(t1 - t0)
-        spent["head"].append(time.perf_counter() - t1)
-    ms = {part: statistics.median(times[3:]) * 1000 for part, times in spent.items()}
-    return {"int4 projections": {"ms": ms["products"], "mb": megabytes([m for p in products for m in p.linears])},
-            "head": {"ms": ms["head"], "mb": megabytes([head])}}
+        for part, logits in (("head", head), ("rare", rare and (lambda x: step.logits(x, rare)))):
+            if not logits:
+                continue
+            t0 = time.perf_counter()
+            for product in products:
+                product(inputs[product.in_features])
+            t1 = time.perf_counter()
+            logits(hidden)
+            spent["products"].append(t1 - t0)
+            spent[part].append(time.perf_counter() - t1)
+    ms = {part: statistics.median(times[3:]) * 1000 for part, times in spent.items() if times}
+    table = {"int4 projections": {"ms": ms["products"], "mb": megabytes([m for p in products for m in p.linears])},
+             "head": {"ms": ms["head"], "mb": megabytes([head])}}
+    if "rare" in ms and getattr(head, "tiles", None) is not None:  # else the whole head ran (Int4Linear.without)
+        table["head, rare ids left out"] = {"ms": ms["rare"],
+                                            "mb": table["head"]["mb"] * (1 - (rare[1] - rare[0]) / head.out_features)}
+    return table
 
 
 def megabytes(modules) -> float:

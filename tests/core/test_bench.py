@@ -267,6 +267,25 @@ def test_the_draft_tables_head_is_timed_after_the_layers_products_as_a_step_runs
     assert all(run.count("p") >= 4 * len(step.layers) for run in before_each)  # every layer's four products
 
 
+def test_the_draft_table_times_the_head_without_the_rare_ids_after_the_layers_products_too(monkeypatch):
+    """Where a race's steps leave ids out of the head (drafters.rare_tokens), the table times that head as well, each
+    call after every layer's products, and counts the bytes of its rows alone."""
+    from specdec_core.bench import costs
+    from specdec_core.models.quant import Int4Linear
+
+    from .test_drafters import int4_head_pair
+    draft = int4_head_pair().draft
+    step, calls = DraftStep(draft), []
+    product, without = costs.Int4Product.__call__, Int4Linear.without
+    monkeypatch.setattr(costs.Int4Product, "__call__", lambda self, x: calls.append("p") or product(self, x))
+    monkeypatch.setattr(Int4Linear, "without", lambda self, x, skip: calls.append("w") or without(self, x, skip))
+    table = costs.written_step_table(step, draft, reps=5, rare=(8, 12))
+    rare = table["head, rare ids left out"]
+    assert rare["ms"] > 0 and rare["mb"] == pytest.approx(table["head"]["mb"] * 0.75) and calls.count("w") == 5 + 3
+    assert all(run.count("p") >= 4 * len(step.layers) for run in "".join(calls).split("w")[:-1])
+    assert "head, rare ids left out" not in costs.written_step_table(step, draft, reps=2)
+
+
 def test_startup_bench_times_the_check_of_each_cached_file(tmp_path):
     """The digest check a start makes of the weights it runs from, timed as the startup bench shows it."""
     from specdec_core.bench.startup import checks

@@ -29,7 +29,7 @@ from .trees import GrowingDraft, Node, verdicts
 
 TREE_WIDTH = 4  # a tree node's children
 # Qwen2's vocabulary from this id to its special tokens: mostly scripts other than Latin (CJK, Arabic, Cyrillic,
-# Hangul, Hebrew, Thai), 0.6% of the tokens of the bench's 40 answers and a third of the draft head's bytes (rare_tokens)
+# Hangul, Hebrew, Thai), a third of the draft head's rows (rare_tokens; docs/benchmarks.md has what leaving them out gave)
 QWEN2_RARE_FROM, QWEN2_SPECIALS = 98304, 151643
 
 

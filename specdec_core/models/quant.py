@@ -99,8 +99,8 @@ class Int4Linear(nn.Module):
 
     def without(self, x: torch.Tensor, skip: tuple[int, int]) -> torch.Tensor:
         """The outputs but those in [lo, hi) = `skip`, which are -inf: a head whose q is 0 on those tokens, for
-        the bytes of the others (int4_vnni's tiles: 4 outputs a row, so lo and hi are multiples of 4). Where the
-        layer has no tiles, every output."""
+        the bytes of the others (int4_vnni's tiles: 4 outputs a row). Where it cannot leave them out (no tiles, a
+        bias, bounds that are not multiples of 4), every output."""
         lo, hi = skip
         if self.tiles is None or self.bias is not None or lo % 4 or hi % 4 or not 0 < lo <= hi <= self.out_features:
             return self(x)

@@ -145,9 +145,9 @@ class CachedModel:
 
     Rolling back after a rejection is `crop(length)`; nothing before it is ever recomputed.
     `static`: the model's compiled steps (a pooled static cache is used); `head`: the prompt head it shares;
-    `step`: a written-out forward of its own (models/step.py), step(ids, cache, length, keep, tree, prompt) -> logits,
-    or None where the general forward is to take it. `skip`: token ids [lo, hi) its steps may leave out of the head
-    (models.step.DraftStep), set by the drafter.
+    `step`: a written-out forward of its own (models/step.py), step(ids, cache, length, keep, tree, prompt, skip) ->
+    logits, or None where the general forward is to take it. `skip`: token ids [lo, hi) its steps may leave out of the
+    head (models.step.DraftStep), set by the drafter.
     """
 
     def __init__(self, model, vocab: int, static: CompiledForward | None = None, head: SharedHead | None = None,
@@ -182,8 +182,7 @@ class CachedModel:
         if self.static and self.static.compiled and tree is None and not prompt and n <= PADDED_SIZES[-1]:
             logits = self._compiled_forward(ids, keep)
         elif self.written and not self.static:
-            logits = self.written(ids, self.cache, self.length, keep, tree, prompt,
-                                  **({"skip": self.skip} if self.skip else {}))
+            logits = self.written(ids, self.cache, self.length, keep, tree, prompt, self.skip)
         if logits is None:  # a prompt is said so to the attention (attention.row_attention)
             inputs = tree.model_inputs(self.length, self.model.config._attn_implementation, self.device,
                                        self.static.max_len if self.static else None) if tree is not None else {}

@@ -88,11 +88,10 @@ def written_step_table(step: DraftStep, model, reps: int, rare: tuple[int, int] 
     head = model.get_output_embeddings()
     hidden = inputs[step.hidden]
 
-    spent = {"products": [], "head": [], "rare": []}
+    heads = {"head": head, **({"rare": lambda x: step.logits(x, rare)} if rare else {})}
+    spent = {"products": [], **{part: [] for part in heads}}
     for _ in range(reps + 3):  # the first three warm up
-        for part, logits in (("head", head), ("rare", rare and (lambda x: step.logits(x, rare)))):
-            if not logits:
-                continue
+        for part, logits in heads.items():
             t0 = time.perf_counter()
             for product in products:
                 product(inputs[product.in_features])
@@ -100,7 +99,7 @@ def written_step_table(step: DraftStep, model, reps: int, rare: tuple[int, int] 
             logits(hidden)
             spent["products"].append(t1 - t0)
             spent[part].append(time.perf_counter() - t1)
-    ms = {part: statistics.median(times[3:]) * 1000 for part, times in spent.items() if times}
+    ms = {part: statistics.median(times[3:]) * 1000 for part, times in spent.items()}
     table = {"int4 projections": {"ms": ms["products"], "mb": megabytes([m for p in products for m in p.linears])},
              "head": {"ms": ms["head"], "mb": megabytes([head])}}
     if "rare" in ms and getattr(head, "tiles", None) is not None:  # else the whole head ran (Int4Linear.without)

@@ -53,11 +53,9 @@ class Pair:
     def costs(self) -> PassCosts:
         """The target's passes and the draft's forward relative to a target step: `pass_costs`, or timed on this
         device on first use (timing.tree_costs) and kept with the pair."""
-        if self.pass_costs is not None:
-            return self.pass_costs
-        if "passes" not in self.timed:
+        if not self.costs_known:
             self.timed["passes"] = tree_costs(self)
-        return self.timed["passes"]
+        return self.pass_costs if self.pass_costs is not None else self.timed["passes"]
 
     @property
     def costs_known(self) -> bool:

@@ -183,8 +183,8 @@ def test_the_written_out_int4_draft_steps_samples_follow_the_target(toy_pair):
     draft = draft_to_int4(Qwen2ForCausalLM(cfg).eval().to(torch.bfloat16))
     step, taken = DraftStep(draft), []
 
-    def spy(ids, cache, length, keep, tree=None, prompt=False):
-        logits = step(ids, cache, length, keep, tree, prompt)
+    def spy(ids, cache, length, keep, tree=None, prompt=False, skip=None):
+        logits = step(ids, cache, length, keep, tree, prompt, skip)
         taken.append((tree is not None or prompt, logits is not None))
         return logits
     spy.model = draft  # Pair.cached gives a model the steps made for it

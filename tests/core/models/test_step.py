@@ -121,8 +121,8 @@ def test_the_written_out_draft_step_follows_the_general_forward(tiny):
     assert DraftStep.fits(draft) and not DraftStep.fits(tiny.draft)  # float32 projections: the general forward
     step, taken = DraftStep(draft), []
 
-    def spy(ids, cache, length, keep, tree=None, prompt=False):
-        logits = step(ids, cache, length, keep, tree, prompt)
+    def spy(ids, cache, length, keep, tree=None, prompt=False, skip=None):
+        logits = step(ids, cache, length, keep, tree, prompt, skip)
         taken.append((ids.shape[1], tree is not None or prompt, logits is not None))
         return logits
     fast, general = CachedModel(draft, tiny.vocab, written=spy), CachedModel(draft, tiny.vocab)

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define AHEAD 4096    /* bytes of weights prefetched ahead of the arithmetic */
+#define AHEAD 1024    /* bytes of weights prefetched ahead of the arithmetic (how far: docs/benchmarks.md) */
 #define TILE 320
 #define ROWS 8        /* rows per pass over the weights */
 

@@ -88,7 +88,8 @@ def written_step_table(step: DraftStep, model, reps: int, rare: tuple[int, int] 
     head = model.get_output_embeddings()
     hidden = inputs[step.hidden]
 
-    heads = {"head": head, **({"rare": lambda x: step.logits(x, rare)} if rare else {})}
+    skips = rare is not None and getattr(head, "tiles", None) is not None  # else it would run the whole head
+    heads = {"head": head, **({"rare": lambda x: step.logits(x, rare)} if skips else {})}
     spent = {"products": [], **{part: [] for part in heads}}
     for _ in range(reps + 3):  # the first three warm up
         for part, logits in heads.items():
@@ -102,7 +103,7 @@ def written_step_table(step: DraftStep, model, reps: int, rare: tuple[int, int] 
     ms = {part: statistics.median(times[3:]) * 1000 for part, times in spent.items()}
     table = {"int4 projections": {"ms": ms["products"], "mb": megabytes([m for p in products for m in p.linears])},
              "head": {"ms": ms["head"], "mb": megabytes([head])}}
-    if "rare" in ms and getattr(head, "tiles", None) is not None:  # else the whole head ran (Int4Linear.without)
+    if skips:
         table["head, rare ids left out"] = {"ms": ms["rare"],
                                             "mb": table["head"]["mb"] * (1 - (rare[1] - rare[0]) / head.out_features)}
     return table

@@ -7,7 +7,8 @@ decoding brings 1 token a step. From this answer's own rounds, the latest weight
   - a drawn token's worth, its draft probability calibrated by verdicts on like probabilities (`worth`), and the next
     token's chance after one of that probability (`next_rate`);
   - the draft's costs from its rounds' times (first token, later forwards, guesses that needed none), against the
-    target's step as its passes take now (`passed`).
+    target's step as its passes take now (`passed`): each the fastest of the latest rounds, since other work on the
+    machine only ever adds time.
 Within a round the chain goes on while the next token raises the expected tokens per unit time (`go_on`). Before it,
 a CPU's drafter drafts only where such a round pays on average (`plan`), else takes a plain step; a GPU's chain drafts
 the curve's best length. Trees keep nodes by the same rule (theory.tree_size). The policy reads earlier rounds'
@@ -25,7 +26,10 @@ from .theory import PassCosts
 DECAY = 0.95  # each round, every earlier verdict counts this much less: an answer's text changes as it goes
 PRIOR_WEIGHT = 2.0  # verdicts' worth of belief before any: the draft's own probability, or the depth above's rate
 PRIOR_ACCEPTANCE = 0.8
-DRAFT_WEIGHT = 0.2  # how far each round's measured draft costs move those the policy uses
+RECENT = 8  # the latest rounds whose fastest times are the draft's and the target's costs: a burst of other work
+# (a browser drawing each update) slows the rounds it lands on, and an average of those would price drafting out,
+# after which plain steps time no draft to bring it back
+GUESS_WEIGHT = 0.2  # how far each round moves the share of later tokens that came with a guess
 EDGES = (0.3, 0.5, 0.7, 0.85, 0.95)  # a token's draft probability, binned for calibration
 MIDDLES = (0.15, 0.4, 0.6, 0.78, 0.9, 0.98)  # each bin's prior: what the draft itself believes
 FIRSTS, FIRSTS_NEEDED = 32, 4  # the latest first tokens' probabilities that price a round before its first draw
@@ -68,27 +72,36 @@ class Policy:
         # the target's step as its passes now take, which the draft's times are measured against: a shared machine's
         # speed changes, and costs timed once would then call the draft dearer or cheaper than it is
         self.step_s = costs.step_ms / 1000 if costs is not None and costs.step_ms else 0.0
+        # the latest times of each, in seconds, the costs timed at load among them until RECENT rounds have come
+        self.times = {kind: deque([self.first * self.step_s] if kind != "step" else [self.step_s], maxlen=RECENT)
+                      for kind in ("first", "next", "step")}
         self.verify = [self.costs.verify(n) for n in range(MAX_TREE_NODES + 2)] if self.costs else []  # n tokens
         self.plain_run = 0  # plain steps since the last round that drafted
 
     def observe(self, first_s: float, rest_s: float, forwards: int, tokens: int) -> None:
         """A round's draft took `first_s` to its first token and `rest_s` for the rest, in `forwards` forwards for
-        `tokens` tokens, all included (sampling, reads): the costs move toward these, where the target's step was
-        timed."""
+        `tokens` tokens, all included (sampling, reads): where the target's step was timed, these times join the latest
+        that price the draft (`price`)."""
         if self.costs is None or not self.step_s or not tokens:
             return
-        step = self.step_s
-        self.first += DRAFT_WEIGHT * (first_s / step - self.first)
+        self.times["first"].append(first_s)
         if forwards > 1:
-            self.next += DRAFT_WEIGHT * (rest_s / (forwards - 1) / step - self.next)
+            self.times["next"].append(rest_s / (forwards - 1))
         if tokens > 1:
-            self.guessing += DRAFT_WEIGHT * (1 - (forwards - 1) / (tokens - 1) - self.guessing)
+            self.guessing += GUESS_WEIGHT * (1 - (forwards - 1) / (tokens - 1) - self.guessing)
+        self.price()
 
     def passed(self, seconds: float, rows: int) -> None:
-        """A round's target pass of `rows` rows took `seconds`, its read included: the target's step moves toward what
-        that pass says it is now (`PassCosts.verify`: a pass's cost in steps)."""
+        """A round's target pass of `rows` rows took `seconds`, its read included: the target's step is what that pass
+        says it is now (`PassCosts.verify`: a pass's cost in steps), the fastest of the latest such."""
         if self.costs is not None and self.step_s and 1 <= rows < len(self.verify):
-            self.step_s += DRAFT_WEIGHT * (seconds / self.verify[rows] - self.step_s)
+            self.times["step"].append(seconds / self.verify[rows])
+            self.price()
+
+    def price(self) -> None:
+        """The costs from the fastest of the latest times of each kind."""
+        self.step_s = min(self.times["step"])
+        self.first, self.next = min(self.times["first"]) / self.step_s, min(self.times["next"]) / self.step_s
 
     def forecasts(self, depth: int) -> list[float]:
         """The chance that the target accepts the d-th drafted token once it accepted those before it, d = 1..depth:

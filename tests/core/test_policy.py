@@ -1,7 +1,7 @@
 """The policy (policy.py): how far each round drafts, from the costs and this answer's verdicts."""
 import pytest
 
-from specdec_core.policy import DECAY, DRAFT_WEIGHT, EXPLORE, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, Policy
+from specdec_core.policy import DECAY, EXPLORE, GUESS_WEIGHT, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, RECENT, Policy
 from specdec_core.theory import PassCosts
 from specdec_core.trees import Node, verdicts
 
@@ -84,31 +84,52 @@ def test_the_next_token_is_forecast_by_what_followed_tokens_of_like_probability(
     assert not policy.after.judged[0]
 
 
-def test_the_draft_costs_follow_what_its_rounds_measure():
-    """Where the target's step was timed (20 ms here), each round's times move the costs a fifth of the way."""
+def test_the_draft_costs_are_the_fastest_its_latest_rounds_measure():
+    """Where the target's step was timed (20 ms here), the draft's costs are the fastest of its latest rounds' times,
+    the costs timed at load among them until RECENT rounds have come."""
     policy = Policy(PassCosts(LINEAR.sizes, draft=0.3, step_ms=20.0))
-    policy.observe(0.010, 0.024, 3, 5)  # first token 10 ms (0.5 of a step), two more forwards of 12 ms, 2 guessed
-    assert policy.first == pytest.approx(0.3 + DRAFT_WEIGHT * (0.5 - 0.3))
-    assert policy.next == pytest.approx(0.3 + DRAFT_WEIGHT * (0.6 - 0.3))
-    assert policy.guessing == pytest.approx(DRAFT_WEIGHT * 0.5)
+    policy.observe(0.004, 0.010, 3, 5)  # first token 4 ms (0.2 of a step), two more forwards of 5 ms, 2 guessed
+    assert policy.first == pytest.approx(0.2) and policy.next == pytest.approx(0.25)
+    assert policy.guessing == pytest.approx(GUESS_WEIGHT * 0.5)
     assert policy.cost(3) == pytest.approx(policy.first + 2 * policy.next * (1 - policy.guessing) + 1.0 + 0.15 * 3)
+    policy.observe(0.030, 0.040, 2, 2)  # slower: nothing moves
+    assert policy.first == pytest.approx(0.2) and policy.next == pytest.approx(0.25)
+    for _ in range(RECENT - 1):
+        policy.observe(0.016, 0.036, 3, 3)
+    assert policy.first == pytest.approx(0.8) and policy.next == pytest.approx(0.9)  # 4 and 5 ms: RECENT rounds old
+
+def test_bursts_of_other_work_on_some_rounds_do_not_price_the_draft_out():
+    """A browser drawing each update shares the cores with the round after it, so some rounds take several times
+    their cost. Contention only adds time: the costs are the fastest of the latest rounds, and rounds slowed by a
+    burst move them not at all, where an average would price drafting out and then, drafting no more, never see it
+    cheap again."""
+    policy = Policy(PassCosts(LINEAR.sizes, draft=0.3, step_ms=20.0))
+    for r in range(40):
+        burst = 0.060 if r % 2 else 0.0  # every other round's draft, every third round's pass
+        policy.observe(0.006 + burst, 0.012 + burst, 3, 3)  # first token 6 ms (0.3 of a step), two forwards of 6 ms
+        policy.passed(0.020 * policy.verify[4] + (burst if r % 3 == 0 else 0.0), 4)
+        policy.learn([(1, 0.9, True), (2, 0.9, True), (3, 0.9, True)])
+    assert policy.step_s == pytest.approx(0.020)
+    assert policy.first == pytest.approx(0.3) and policy.next == pytest.approx(0.3)
+    assert policy.plan(4)[0] == 4
 
 
 def test_the_targets_step_follows_what_its_passes_take():
-    """A shared machine's speed changes: the step the draft's times are measured against follows the target's passes,
-    so a machine now twice as slow for both models leaves the draft's cost in steps where it was."""
+    """A shared machine's speed changes: the step the draft's times are measured against is the fastest of the
+    target's latest passes (plain steps and passes of any rows alike), so a machine now twice as slow for both models
+    leaves the draft's cost in steps where it was."""
     policy = Policy(PassCosts(LINEAR.sizes, draft=0.3, step_ms=20.0))
-    policy.passed(0.040, 1)  # a plain step of 40 ms
-    assert policy.step_s == pytest.approx(0.020 + DRAFT_WEIGHT * (0.040 - 0.020))
-    for _ in range(60):
-        policy.passed(0.040 * 1.6, 5)  # a pass of 5 rows costs 1.6 steps here: 40 ms a step
+    policy.observe(0.006, 0.012, 3, 3)  # a draft forward 6 ms: 0.3 of a 20 ms step
+    for r in range(RECENT):
+        assert policy.step_s == pytest.approx(0.020) and policy.first == pytest.approx(0.3)
+        rows = 1 if r % 2 else 5  # a plain step, or a pass of 5 rows: 1.6 steps here
+        policy.passed(0.040 * policy.verify[rows], rows)  # the machine now twice as slow for both
+        policy.observe(0.012, 0.024, 3, 3)
     assert policy.step_s == pytest.approx(0.040)
-    policy.observe(0.012, 0.024, 3, 3)  # the draft twice as slow as at 20 ms steps too
     assert policy.first == pytest.approx(0.3) and policy.next == pytest.approx(0.3)
     untimed = Policy(LINEAR)  # no step timed: nothing to follow
     untimed.passed(0.040, 1)
     assert untimed.step_s == 0
-
 
 def test_a_rounds_verdicts_are_read_from_the_tokens_it_committed():
     """A tree: the root's children 5 (first) and 6; 5's child 7. The target took 6 (so 5 was rejected), then its own."""

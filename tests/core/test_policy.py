@@ -98,6 +98,7 @@ def test_the_draft_costs_are_the_fastest_its_latest_rounds_measure():
         policy.observe(0.016, 0.036, 3, 3)
     assert policy.first == pytest.approx(0.8) and policy.next == pytest.approx(0.9)  # 4 and 5 ms: RECENT rounds old
 
+
 def test_bursts_of_other_work_on_some_rounds_do_not_price_the_draft_out():
     """A browser drawing each update shares the cores with the round after it, so some rounds take several times
     their cost. Contention only adds time: the costs are the fastest of the latest rounds, and rounds slowed by a
@@ -130,6 +131,7 @@ def test_the_targets_step_follows_what_its_passes_take():
     untimed = Policy(LINEAR)  # no step timed: nothing to follow
     untimed.passed(0.040, 1)
     assert untimed.step_s == 0
+
 
 def test_a_rounds_verdicts_are_read_from_the_tokens_it_committed():
     """A tree: the root's children 5 (first) and 6; 5's child 7. The target took 6 (so 5 was rejected), then its own."""

@@ -50,6 +50,15 @@ def draft_step_table(pair, context: int = 128, reps: int = 30) -> dict:
             "ms": max(total - sum(v["ms"] for v in table.values()), 0.0), "mb": 0.0}
         return {"context": context, "step_ms": total, "target_step_ms": pass_ms(pair, "target", context, 1),
                 "parts": table, **({"head_without_rare": rare} if rare else {})}
+    table = hooked_step_table(model, step, total, reps)
+    rest = {"ms": max(total - sum(v["ms"] for v in table.values()), 0.0), "mb": 0.0}
+    return {"context": context, "step_ms": total, "target_step_ms": pass_ms(pair, "target", context, 1),
+            "parts": {**table, "sampling": sampling, "python and dispatch": rest}}
+
+
+def hooked_step_table(model, step, total: float, reps: int) -> dict:
+    """A general forward's parts (all layers' attention blocks, MLPs and norms, the head), timed with hooks over `reps`
+    steps, each given its share of `total`, a step timed without them (hooks slow a small model's steps)."""
     layers = model.get_decoder().layers
     parts = {"attention": [m.self_attn for m in layers], "mlp": [m.mlp for m in layers],
              "norms": [n for m in layers for n in (m.input_layernorm, m.post_attention_layernorm)]
@@ -70,12 +79,7 @@ def draft_step_table(pair, context: int = 128, reps: int = 30) -> dict:
     finally:
         for hook in hooks:
             hook.remove()
-    # each part's share of the hooked steps, of a step timed without hooks (hooks slow a small model's steps)
-    table = {name: {"ms": spent[name] / hooked * total, "mb": megabytes(modules)} for name, modules in parts.items()}
-    table["sampling"] = sampling
-    table["python and dispatch"] = {"ms": max(total - sum(v["ms"] for name, v in table.items() if name != "sampling"), 0.0),
-                                    "mb": 0.0}
-    return {"context": context, "step_ms": total, "target_step_ms": pass_ms(pair, "target", context, 1), "parts": table}
+    return {name: {"ms": spent[name] / hooked * total, "mb": megabytes(modules)} for name, modules in parts.items()}
 
 
 def written_step_table(step: DraftStep, model, reps: int, rare: tuple[int, int] | None = None) -> dict:

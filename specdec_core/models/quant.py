@@ -155,7 +155,7 @@ def _int4(name: str, mod: nn.Linear, saved: dict | None) -> nn.Module:
 
 
 def quant_label(model: nn.Module) -> str:
-    """What a cheapened draft got: "int4", or "int8" where the int4 product fits none of its layers."""
+    """What a quantised draft got: "int4", or "int8" where the int4 product fits none of its layers."""
     return "int4" if any(isinstance(m, Int4Linear) for m in model.modules()) else "int8"
 
 

@@ -73,8 +73,8 @@ class Policy:
         # speed changes, and costs timed once would then call the draft dearer or cheaper than it is
         self.step_s = costs.step_ms / 1000 if costs is not None and costs.step_ms else 0.0
         # the latest times of each, in seconds, the costs timed at load among them until RECENT rounds have come
-        self.times = {kind: deque([self.first * self.step_s] if kind != "step" else [self.step_s], maxlen=RECENT)
-                      for kind in ("first", "next", "step")}
+        self.times = {"first": deque([self.first * self.step_s], maxlen=RECENT),
+                      "next": deque([self.next * self.step_s], maxlen=RECENT), "step": deque([self.step_s], maxlen=RECENT)}
         self.verify = [self.costs.verify(n) for n in range(MAX_TREE_NODES + 2)] if self.costs else []  # n tokens
         self.plain_run = 0  # plain steps since the last round that drafted
 

@@ -34,6 +34,7 @@ from .kernels.step_ops import ops
 from .quant import Int4Linear
 
 PLANNED = MAX_K + 1  # forwards of up to this many rows keep their plans: a step, a chain's pass, a tree's level
+OWN_ATTENTION_MOST = 512  # the most positions the draft's steps attend to with step_ops.c's attention
 
 
 class Plan:
@@ -79,7 +80,7 @@ class Int4Product:
         if not self.own:
             self.stacked["scales"] = torch.cat([m.scales for m in linears], 1).contiguous()
         biases = [m.bias if m.bias is not None else torch.zeros(m.out_features, dtype=torch.bfloat16) for m in linears]
-        self.bias = torch.cat(biases) if any(m.bias is not None for m in linears) else None
+        self.bias = torch.cat(biases).to(torch.bfloat16) if any(m.bias is not None for m in linears) else None
         self.fused = True
         with torch.inference_mode():
             x = torch.randn(2, self.in_features, dtype=torch.bfloat16)
@@ -111,9 +112,8 @@ class Int4Product:
             plan.run(lambda: y.copy_(self(x)))
             return y
         plan.add(int4_vnni.library()[0].int4_vnni_mm, self.stacked["tiles"].data_ptr(), x.data_ptr(), n, self.out_features,
-                 self.in_features, y.data_ptr(), torch.get_num_threads(), checked=True)
-        if self.bias is not None:
-            plan.run(functools.partial(y.add_, self.bias))
+                 self.in_features, None if self.bias is None else self.bias.data_ptr(), y.data_ptr(),
+                 torch.get_num_threads(), checked=True)
         return y
 
 
@@ -206,8 +206,8 @@ class WrittenForward:
                 skip: tuple[int, int] | None = None):
         n = ids.shape[1]
         h = self.model.get_input_embeddings()(ids[0]).float()  # the residual stream, [n, hidden], in float32
-        mask, positions = self.visibility(n, length, tree, prompt)
-        attention = self.attention(prompt)
+        attention = self.attention(prompt, length + n)
+        mask, positions = self.visibility(n, length, tree, attention)
         plan = self.plans.get((n, attention)) or self.plan(n, attention)
         cos, sin = (c[0].contiguous() for c in self.model.get_decoder().rotary_emb(h[None], positions))  # [n, d]
         plan.h.value, plan.cos.value, plan.sin.value, plan.length.value = h.data_ptr(), cos.data_ptr(), sin.data_ptr(), length
@@ -256,6 +256,9 @@ class WrittenForward:
                 plan.add(kquant_library()[0].rows_attention, q.data_ptr(), keys, values, stride, n, self.heads,
                          self.kv_heads, d, plan.counts, plan.idx, plan.width, scale, o.data_ptr(), torch.get_num_threads(),
                          checked=True)
+            elif attention == "grouped":  # the draft's (step_ops.c)
+                plan.add(ops().grouped_attention, q.data_ptr(), keys, values, n, self.heads, self.kv_heads, d, room,
+                         plan.length, scale, o.data_ptr(), torch.get_num_threads(), checked=True)
             else:
                 plan.run(functools.partial(self.attend, plan.cache, j, q, o, scale, attention == "prompt"))
             add = out.bind(plan, o, "attended")
@@ -271,7 +274,8 @@ class WrittenForward:
 
     def attend(self, cache, j: int, q: torch.Tensor, o: torch.Tensor, scale: float, prompt: bool) -> None:
         """Layer j's attention in PyTorch, into `o`: a prompt's rows of the exact target in one grouped call, or the
-        draft's rows with each key/value head's query heads stacked as rows (its keys read as they are, not repeated)."""
+        draft's rows over a long context, each key/value head's query heads stacked as rows (its keys read as they are,
+        not repeated)."""
         layer, mask, d, n = cache.layers[j], cache.mask, self.head_dim, q.shape[1]
         if prompt:
             o.copy_(row_attention(None, q[None], layer.keys, layer.values, mask, scaling=scale, prompt_pass=True)[0]
@@ -281,18 +285,17 @@ class WrittenForward:
                 q.view(1, self.kv_heads, -1, d), layer.keys, layer.values, attn_mask=mask, scale=scale)
                 .view(self.heads, n, d).transpose(0, 1))
 
-    def visibility(self, n: int, length: int, tree: TreeInput | None, prompt: bool):
+    def visibility(self, n: int, length: int, tree: TreeInput | None, attention: str):
         """(the attention's mask, [1, 1, n, length + n] booleans or None, and the rows' positions [1, n])."""
         if tree is not None:
             inputs = tree.model_inputs(length, "sdpa", "cpu")
             return inputs["attention_mask"], inputs["position_ids"]
         positions = torch.arange(length, length + n)[None]
-        if n == 1 or self.attention(prompt) == "rows":  # rows_attention's rows: each sees the cache and those before it
+        if n == 1 or attention in ("rows", "grouped"):  # each row sees the cache and the rows before it
             return None, positions
         causal = torch.ones(n, length + n, dtype=torch.bool).tril(length)
         # the draft's SDPA: rows ordered as the grouped query heads
-        return (causal.repeat(self.heads // self.kv_heads, 1) if self.attention(prompt) == "grouped" else
-                causal)[None, None], positions
+        return (causal.repeat(self.heads // self.kv_heads, 1) if attention == "sdpa" else causal)[None, None], positions
 
 
 class TargetForward(WrittenForward):
@@ -302,13 +305,14 @@ class TargetForward(WrittenForward):
     projection, product, dtype, suffix = KQuantLinear, KQuantProduct, torch.float32, "_f32"
 
     @staticmethod
-    def attention(prompt: bool) -> str:
+    def attention(prompt: bool, positions: int) -> str:
         return "prompt" if prompt else "rows"
 
 
 class DraftStep(WrittenForward):
-    """The int4 draft's steps of one or a few tokens, bfloat16 activations, one SDPA call a layer over the grouped
-    key/value heads; its prompts and trees take the general forward (None)."""
+    """The int4 draft's steps of one or a few tokens, bfloat16 activations; its prompts and trees take the general
+    forward (None). Its attention is step_ops.c's up to OWN_ATTENTION_MOST positions, where PyTorch's cost more in a
+    call's overhead than in arithmetic, and PyTorch's beyond (docs/benchmarks.md)."""
 
     projection, product, dtype = Int4Linear, Int4Product, torch.bfloat16
 
@@ -321,6 +325,5 @@ class DraftStep(WrittenForward):
         head = self.model.get_output_embeddings()
         return head.without(x, skip) if skip is not None and isinstance(head, Int4Linear) else head(x)
 
-    @staticmethod
-    def attention(prompt: bool) -> str:
-        return "grouped"
+    def attention(self, prompt: bool, positions: int) -> str:
+        return "grouped" if positions <= OWN_ATTENTION_MOST and self.head_dim % 16 == 0 else "sdpa"

@@ -193,6 +193,7 @@ def test_the_written_out_int4_draft_steps_samples_follow_the_target(toy_pair):
     steps = [took for general_forward, took in taken if not general_forward]
     assert len(steps) > SAMPLES and all(steps)  # every draft step after a prompt went through it
     assert not any(took for general_forward, took in taken if general_forward)  # prompts took the general forward
+    assert {attention for _, attention in step.plans} == {"grouped"}  # step_ops.c's attention
 
 
 def test_a_draft_head_without_the_rare_tokens_samples_the_target(monkeypatch):

@@ -88,9 +88,11 @@ static inline void quad(const uint8_t* t, int nb, const int8_t* xq, const float*
     }
 }
 
-/* x [M][K] bfloat16, tiles for Np = N rounded up to 4 outputs and Kp = K rounded up to 128 inputs; y [M][N]
-   bfloat16. Returns 0, or -1 when memory for the rounded rows could not be had. */
-int int4_vnni_mm(const uint8_t* tiles, const uint16_t* x, int M, int N, int K, uint16_t* y, int threads) {
+/* x [M][K] bfloat16, tiles for Np = N rounded up to 4 outputs and Kp = K rounded up to 128 inputs; bias [N]
+   bfloat16 (NULL: none), added before the rounding; y [M][N] bfloat16. Returns 0, or -1 when memory for the rounded
+   rows could not be had. */
+int int4_vnni_mm(const uint8_t* tiles, const uint16_t* x, int M, int N, int K, const uint16_t* bias, uint16_t* y,
+                 int threads) {
     int Kp = (K + 127) / 128 * 128, nb = Kp / 128, quads = (N + 3) / 4;
     int8_t* xq = malloc((size_t)M * Kp);
     float* scale = malloc(sizeof(float) * (size_t)M * (Kp / 32));
@@ -107,9 +109,13 @@ int int4_vnni_mm(const uint8_t* tiles, const uint16_t* x, int M, int N, int K, u
             for (int r = 0; r < rows; r++) {
                 float lanes[16];
                 _mm512_storeu_ps(lanes, acc[r]);
-                for (int o = 0; o < 4 && q * 4 + o < N; o++)
+                for (int o = 0; o < 4 && q * 4 + o < N; o++) {
+                    uint32_t b = bias ? (uint32_t)bias[q * 4 + o] << 16 : 0;  /* bfloat16 -> float32: the 16 bits moved up */
+                    float added;
+                    memcpy(&added, &b, 4);
                     y[(size_t)(m0 + r) * N + q * 4 + o] =
-                        to_bf16(lanes[o * 4] + lanes[o * 4 + 1] + lanes[o * 4 + 2] + lanes[o * 4 + 3]);
+                        to_bf16(lanes[o * 4] + lanes[o * 4 + 1] + lanes[o * 4 + 2] + lanes[o * 4 + 3] + added);
+                }
             }
         }
     }

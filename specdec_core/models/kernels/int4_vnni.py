@@ -27,7 +27,7 @@ def library() -> tuple[ctypes.CDLL | None, str]:
     lib, why = load(SOURCE, FLAGS, NEEDS, "the int4 draft's own product is not used: {why}; it keeps PyTorch's")
     if lib is not None:
         lib.int4_vnni_mm.restype = ctypes.c_int
-        lib.int4_vnni_mm.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
+        lib.int4_vnni_mm.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_int]
     return lib, why
 
 
@@ -56,7 +56,7 @@ def product(tiles: torch.Tensor, x: torch.Tensor, out_features: int, in_features
         raise ValueError(f"the int4 product takes bfloat16 rows of {in_features}, got {x.dtype} {tuple(x.shape)}")
     x = x.contiguous()
     y = torch.empty(len(x), out_features, dtype=torch.bfloat16)
-    if library()[0].int4_vnni_mm(tiles.data_ptr(), x.data_ptr(), len(x), out_features, in_features, y.data_ptr(),
-                                 torch.get_num_threads()):
+    if library()[0].int4_vnni_mm(tiles.data_ptr(), x.data_ptr(), len(x), out_features, in_features, None,
+                                 y.data_ptr(), torch.get_num_threads()):
         raise MemoryError("no memory for the int4 product's rounded rows")
     return y

@@ -1,7 +1,7 @@
 /* The small operations of the written-out forwards (step.py), each one call for a layer's rows.
 
    A step of the 0.5B draft reads its int4 weights in 97 products; between them PyTorch ran some twenty small
-   operations a layer (norms, the rotation, the cache writes, the activation), each a dispatch of a few
+   operations a layer (norms, the rotation, the cache writes, the activation, the attention), each a dispatch of a few
    microseconds for a few thousand numbers: a large share of a step on a few cores. Here each run of them is one call.
    Two sets: the draft's activations come and go in bfloat16 (its int4 products' type), the exact target's in
    float32 (its Q4_K/Q6_K products'); sums run in float32, in order, and the residual stream stays in float32.
@@ -10,6 +10,7 @@
    halves), so any build, AVX-512 or not, computes the same bits. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "exp_le0.h"
@@ -94,3 +95,91 @@ SILU_MUL(silu_mul, uint16_t, from_bf16, to_bf16)
 ADD_NORM(add_norm_f32, float, from_f32, to_f32)
 ROTATE_WRITE(rotate_write_f32, float, from_f32, to_f32)
 SILU_MUL(silu_mul_f32, float, from_f32, to_f32)
+
+typedef float f16 __attribute__((vector_size(64)));  /* 16 floats */
+typedef float f4 __attribute__((vector_size(16)));
+
+static inline f16 load16(const float* p) {
+    f16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline float sum16(f16 v) {  /* halves, then quarters */
+    f4 q[4];
+    memcpy(q, &v, sizeof v);
+    const f4 a = (q[0] + q[2]) + (q[1] + q[3]);
+    return (a[0] + a[2]) + (a[1] + a[3]);
+}
+
+/* The draft's attention for one key/value head: its m = n g query vectors qs [m][d] (scaled; vector i n + r is query
+   head i's row r), its keys k [length + n][d] and values v (float32) [length + n][d]; row r sees the first
+   length + r + 1 positions. A key is read once for all query vectors; maxima and sums run in 16 lanes, and in two
+   sums where a vector's products would wait for the one before. s [m][length + n]: scores. row: d floats. out [m][d]. */
+static void attend_head(const float* qs, const uint16_t* k, const float* v, int m, int n, int d, int length,
+                        float* s, float* row, float* out) {
+    const int count = length + n;
+    for (int j = 0; j < count; j++) {
+        for (int t = 0; t < d; t++) row[t] = from_bf16(k[(size_t)j * d + t]);
+        for (int x = 0; x < m; x++) {
+            const float* qx = qs + (size_t)x * d;
+            f16 a = {0}, b = {0};
+            for (int t = 0; t < d; t += 16) {
+                if (t & 16) b += load16(qx + t) * load16(row + t);
+                else a += load16(qx + t) * load16(row + t);
+            }
+            s[(size_t)x * count + j] = j > length + x % n ? -INFINITY : sum16(a + b);  /* a later row's position */
+        }
+    }
+    for (int x = 0; x < m; x++) {
+        float* sx = s + (size_t)x * count;
+        float top[16], total[16] = {0};
+        for (int l = 0; l < 16; l++) top[l] = -INFINITY;
+        for (int j0 = 0; j0 < count; j0 += 16)
+            for (int l = 0; l < 16 && j0 + l < count; l++) top[l] = sx[j0 + l] > top[l] ? sx[j0 + l] : top[l];
+        for (int l = 1; l < 16; l++) top[0] = top[l] > top[0] ? top[l] : top[0];
+        for (int j = 0; j < count; j++) sx[j] = exp_le0(sx[j] - top[0]);
+        for (int j0 = 0; j0 < count; j0 += 16)
+            for (int l = 0; l < 16 && j0 + l < count; l++) total[l] += sx[j0 + l];
+        for (int l = 1; l < 16; l++) total[0] += total[l];
+        for (int t = 0; t < d; t += 16) {  /* 16 outputs at a time, over the keys two by two */
+            f16 a = {0}, b = {0};
+            int j = 0;
+            for (; j + 1 < count; j += 2) {
+                a += sx[j] * load16(v + (size_t)j * d + t);
+                b += sx[j + 1] * load16(v + (size_t)(j + 1) * d + t);
+            }
+            if (j < count) a += sx[j] * load16(v + (size_t)j * d + t);
+            a = (a + b) / total[0];
+            memcpy(out + (size_t)x * d + t, &a, sizeof a);
+        }
+    }
+}
+
+/* The draft's attention: q [heads][n][d] (rotate_write's), keys and values [kv_heads][room][d]; row r sees the first
+   length + r + 1 positions. out [n][heads][d]. Query head h reads key/value head h / (heads / kv_heads); the key/value
+   heads run on `threads` threads. d: a multiple of 16. Returns 0, or -1 where memory for the scores could not be had. */
+int grouped_attention(const uint16_t* q, const uint16_t* keys, const uint16_t* values, int n, int heads, int kv_heads,
+                      int d, int room, int length, float scale, uint16_t* out, int threads) {
+    const int g = heads / kv_heads, m = n * g, count = length + n;
+    int failed = 0;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (kv_heads > 1)
+    for (int h = 0; h < kv_heads; h++) {
+        float* v = malloc(sizeof(float) * ((size_t)count * d + 2 * (size_t)m * d + (size_t)m * count + d));
+        if (v) {
+            float *qs = v + (size_t)count * d, *o = qs + (size_t)m * d, *s = o + (size_t)m * d, *row = s + (size_t)m * count;
+            const size_t at = (size_t)h * room * d;
+            for (size_t x = 0; x < (size_t)count * d; x++) v[x] = from_bf16(values[at + x]);
+            for (size_t x = 0; x < (size_t)m * d; x++) qs[x] = from_bf16(q[(size_t)h * m * d + x]) * scale;
+            attend_head(qs, keys + at, v, m, n, d, length, s, row, o);
+            for (int x = 0; x < m; x++)
+                for (int t = 0; t < d; t++)
+                    out[((size_t)(x % n) * heads + (size_t)h * g + x / n) * d + t] = to_bf16(o[(size_t)x * d + t]);
+        } else {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        free(v);
+    }
+    return failed ? -1 : 0;
+}

@@ -54,6 +54,27 @@ def test_the_written_forwards_small_operations_are_pytorchs_up_to_rounding(suffi
     assert not keys[:, :length].any() and not keys[:, length + n:].any()  # nothing written outside its rows
 
 
+@pytest.mark.parametrize("heads, kv, d", [(4, 2, 16), (14, 2, 64), (6, 3, 48)])
+def test_the_drafts_attention_is_pytorchs_up_to_rounding(heads, kv, d):
+    """step_ops.c's attention for the draft's steps against PyTorch's, causal over a cache: one row and several, each
+    row seeing the cache and the rows before it and nothing after."""
+    lib = step_module.ops()
+    if lib is None:
+        pytest.skip("step_ops.c cannot be built here (a warning said why)")
+    g = torch.Generator().manual_seed(1)
+    for length, n in ((0, 1), (5, 1), (37, 3), (200, 4)):
+        room = length + n + 7
+        q = torch.randn(heads, n, d, generator=g).to(torch.bfloat16)
+        keys, values = (torch.randn(kv, room, d, generator=g) * 2).to(torch.bfloat16), torch.randn(kv, room, d, generator=g).to(torch.bfloat16)
+        out = torch.full((n, heads, d), float("nan"), dtype=torch.bfloat16)
+        assert lib.grouped_attention(q.data_ptr(), keys.data_ptr(), values.data_ptr(), n, heads, kv, d, room, length,
+                                     d ** -0.5, out.data_ptr(), 2) == 0
+        seen = torch.ones(n, length + n, dtype=torch.bool).tril(length)
+        ref = F.scaled_dot_product_attention(q.float()[None], keys.float()[None, :, : length + n],
+                                             values.float()[None, :, : length + n], attn_mask=seen, enable_gqa=True)
+        assert torch.allclose(out.float(), ref[0].transpose(0, 1), rtol=2 ** -7, atol=2e-3), (length, n)
+
+
 def small_operations(lib, seed: int = 0) -> list[torch.Tensor]:
     """Every output of step_ops.c's six functions on rows of a model's widths and of an odd one, with activations
     across the exponential's whole range."""
@@ -111,13 +132,19 @@ def test_where_the_draft_steps_operations_cannot_be_built_the_draft_takes_the_ge
         step_module.ops.cache_clear()
 
 
-def test_the_written_out_draft_step_follows_the_general_forward(tiny):
+def test_the_written_out_draft_step_follows_the_general_forward(tiny, monkeypatch):
     """The draft's decoding step on CPUs (models/step.py) against transformers' forward of the same int4 model:
     the same numbers up to bfloat16 rounding, whether the cache was last grown by a step or by the general forward
-    (a prompt, a tree level), cropped after a rejection or compacted onto a tree's path."""
+    (a prompt, a tree level), cropped after a rejection or compacted onto a tree's path; with step_ops.c's attention
+    up to OWN_ATTENTION_MOST positions (50 here) and PyTorch's beyond, and biases added in the int4 product."""
     if step_module.ops() is None:
         pytest.skip("step_ops.c cannot be built here (a warning said why)")
-    draft = draft_to_int4(copy.deepcopy(tiny.draft).to(torch.bfloat16))
+    monkeypatch.setattr(step_module, "OWN_ATTENTION_MOST", 50)
+    draft = copy.deepcopy(tiny.draft).to(torch.bfloat16)
+    for attention in (layer.self_attn for layer in draft.model.layers):  # biases as a trained Qwen2's: not zero
+        for projection in (attention.q_proj, attention.k_proj, attention.v_proj):
+            torch.nn.init.normal_(projection.bias, std=0.5, generator=torch.Generator().manual_seed(2))
+    draft = draft_to_int4(draft)
     assert DraftStep.fits(draft) and not DraftStep.fits(tiny.draft)  # float32 projections: the general forward
     step, taken = DraftStep(draft), []
 
@@ -146,6 +173,7 @@ def test_the_written_out_draft_step_follows_the_general_forward(tiny):
     assert steps.count(1) > 15 and steps.count(2) == 6  # one and two tokens a step, all taken; prompts and trees not
     assert all(took != general_forward for n, general_forward, took in taken)
     assert worst < 0.05 * scale, (worst, scale)  # rounding at most, not another function
+    assert {attention for _, attention in step.plans} == {"grouped", "sdpa"}
     # PyTorch's 64-row blocks: gate and up (128 rows each) are one product; k and v (32 rows) would shift q's blocks.
     # Ours takes blocks of 4 rows: q/k/v are one product too
     own = quant.int4_kernel() == "vnni"

@@ -9,9 +9,9 @@
   its own), so a pass repeats plain decoding's arithmetic, in float32, at any context length, and reads
   the keys once per width, not once per row.
 - "specdec_grouped": grouped key/value heads without copying them per query head, for the draft on CPUs
-  (its prompts and trees; its steps do the same in step.py). Given a mask, transformers' SDPA path repeats
-  the key and value heads over the whole cache, every layer, every step (`repeat_kv`). Here each group's
-  query heads are stacked along the query axis instead, so keys and values are read as they are.
+  (its prompts and trees; its steps over long contexts do the same in step.py). Given a mask, transformers' SDPA
+  path repeats the key and value heads over the whole cache, every layer, every step (`repeat_kv`). Here each
+  group's query heads are stacked along the query axis instead, so keys and values are read as they are.
 """
 from __future__ import annotations
 

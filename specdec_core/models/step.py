@@ -6,11 +6,11 @@ gate/up another; the small operations between products are one step_ops.c call e
 into the room behind the cache (cache.RoomLayer); and a forward of n rows is a Plan, its calls bound once over
 buffers of its own, so that a step sets only what changes.
 
-DraftStep (int4, bfloat16) takes the draft's steps of one or a few tokens, one SDPA call a layer; its prompts and trees
-take the general forward. A draft changes the speed, never the output. TargetForward (the GGUF blocks, float32) takes
-every forward of the target, and computes each row alone, its attention too (kquant.c's rows_attention), so that a
-position's logits are the same bits in a step and in any pass. A prompt's rows are one grouped attention call: plain
-and speculative decoding compute a prompt alike.
+DraftStep (int4, bfloat16) takes the draft's steps of one or a few tokens, its attention step_ops.c's (PyTorch's past
+OWN_ATTENTION_MOST positions); its prompts and trees take the general forward. A draft changes the speed, never the
+output. TargetForward (the GGUF blocks, float32) takes every forward of the target, and computes each row alone, its
+attention too (kquant.c's rows_attention), so that a position's logits are the same bits in a step and in any pass. A
+prompt's rows are one grouped attention call: plain and speculative decoding compute a prompt alike.
 """
 from __future__ import annotations
 

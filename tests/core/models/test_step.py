@@ -65,7 +65,8 @@ def test_the_drafts_attention_is_pytorchs_up_to_rounding(heads, kv, d):
     for length, n in ((0, 1), (5, 1), (37, 3), (200, 4)):
         room = length + n + 7
         q = torch.randn(heads, n, d, generator=g).to(torch.bfloat16)
-        keys, values = (torch.randn(kv, room, d, generator=g) * 2).to(torch.bfloat16), torch.randn(kv, room, d, generator=g).to(torch.bfloat16)
+        keys = (torch.randn(kv, room, d, generator=g) * 2).to(torch.bfloat16)
+        values = torch.randn(kv, room, d, generator=g).to(torch.bfloat16)
         out = torch.full((n, heads, d), float("nan"), dtype=torch.bfloat16)
         assert lib.grouped_attention(q.data_ptr(), keys.data_ptr(), values.data_ptr(), n, heads, kv, d, room, length,
                                      d ** -0.5, out.data_ptr(), 2) == 0

@@ -77,8 +77,8 @@ def test_the_drafts_attention_is_pytorchs_up_to_rounding(heads, kv, d):
 
 
 def small_operations(lib, seed: int = 0) -> list[torch.Tensor]:
-    """Every output of step_ops.c's six functions on rows of a model's widths and of an odd one, with activations
-    across the exponential's whole range."""
+    """Every output of step_ops.c's functions on rows of a model's widths and of an odd one, with activations across
+    the exponential's whole range; the draft's attention over those rows and four before them."""
     g = torch.Generator().manual_seed(seed)
     outs = []
     for suffix, dtype in (("", torch.bfloat16), ("_f32", torch.float32)):
@@ -97,6 +97,12 @@ def small_operations(lib, seed: int = 0) -> list[torch.Tensor]:
             rotate_write(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), n, heads, kv, d, q.data_ptr(), keys.data_ptr(),
                          values.data_ptr(), room, 4)
             outs += [h, out, act, q, keys, values]
+            if dtype == torch.bfloat16:
+                keys[:, :4], values[:, :4] = torch.randn(2, kv, 4, d, generator=g).to(dtype)
+                attended = torch.empty(n, heads, d, dtype=dtype)
+                lib.grouped_attention(q.data_ptr(), keys.data_ptr(), values.data_ptr(), n, heads, kv, d, room, 4, d ** -0.5,
+                                      attended.data_ptr(), 2)
+                outs.append(attended)
     return outs
 
 

@@ -96,19 +96,19 @@ ADD_NORM(add_norm_f32, float, from_f32, to_f32)
 ROTATE_WRITE(rotate_write_f32, float, from_f32, to_f32)
 SILU_MUL(silu_mul_f32, float, from_f32, to_f32)
 
-typedef float f16 __attribute__((vector_size(64)));  /* 16 floats */
-typedef float f4 __attribute__((vector_size(16)));
+typedef float floats16 __attribute__((vector_size(64)));  /* 16 floats */
+typedef float floats4 __attribute__((vector_size(16)));  /* 4 floats */
 
-static inline f16 load16(const float* p) {
-    f16 v;
+static inline floats16 load16(const float* p) {
+    floats16 v;
     memcpy(&v, p, sizeof v);
     return v;
 }
 
-static inline float sum16(f16 v) {  /* halves, then quarters */
-    f4 q[4];
+static inline float sum16(floats16 v) {  /* its quarters, then their lanes, in a fixed order */
+    floats4 q[4];
     memcpy(q, &v, sizeof v);
-    const f4 a = (q[0] + q[2]) + (q[1] + q[3]);
+    const floats4 a = (q[0] + q[2]) + (q[1] + q[3]);
     return (a[0] + a[2]) + (a[1] + a[3]);
 }
 
@@ -123,7 +123,7 @@ static void attend_head(const float* qs, const uint16_t* k, const float* v, int 
         for (int t = 0; t < d; t++) row[t] = from_bf16(k[(size_t)j * d + t]);
         for (int x = 0; x < m; x++) {
             const float* qx = qs + (size_t)x * d;
-            f16 a = {0}, b = {0};
+            floats16 a = {0}, b = {0};
             for (int t = 0; t < d; t += 16) {
                 if (t & 16) b += load16(qx + t) * load16(row + t);
                 else a += load16(qx + t) * load16(row + t);
@@ -143,7 +143,7 @@ static void attend_head(const float* qs, const uint16_t* k, const float* v, int 
             for (int l = 0; l < 16 && j0 + l < count; l++) total[l] += sx[j0 + l];
         for (int l = 1; l < 16; l++) total[0] += total[l];
         for (int t = 0; t < d; t += 16) {  /* 16 outputs at a time, over the keys two by two */
-            f16 a = {0}, b = {0};
+            floats16 a = {0}, b = {0};
             int j = 0;
             for (; j + 1 < count; j += 2) {
                 a += sx[j] * load16(v + (size_t)j * d + t);

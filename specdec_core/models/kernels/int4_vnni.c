@@ -19,6 +19,13 @@
 #define TILE 320
 #define ROWS 8        /* rows per pass over the weights */
 
+static inline float from_bf16(uint16_t v) {  /* the 16 bits moved up */
+    uint32_t u = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 static inline uint16_t to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
@@ -110,11 +117,9 @@ int int4_vnni_mm(const uint8_t* tiles, const uint16_t* x, int M, int N, int K, c
                 float lanes[16];
                 _mm512_storeu_ps(lanes, acc[r]);
                 for (int o = 0; o < 4 && q * 4 + o < N; o++) {
-                    uint32_t b = bias ? (uint32_t)bias[q * 4 + o] << 16 : 0;  /* bfloat16 -> float32: the 16 bits moved up */
-                    float added;
-                    memcpy(&added, &b, 4);
+                    const float b = bias ? from_bf16(bias[q * 4 + o]) : 0.f;
                     y[(size_t)(m0 + r) * N + q * 4 + o] =
-                        to_bf16(lanes[o * 4] + lanes[o * 4 + 1] + lanes[o * 4 + 2] + lanes[o * 4 + 3] + added);
+                        to_bf16(lanes[o * 4] + lanes[o * 4 + 1] + lanes[o * 4 + 2] + lanes[o * 4 + 3] + b);
                 }
             }
         }

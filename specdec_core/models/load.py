@@ -93,7 +93,7 @@ def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOp
         # SDPA would repeat the key/value heads over the whole cache every step: a draft step at 1,000 tokens of
         # context would cost nearly twice one at 128 (docs/benchmarks.md); the draft changes only speed
         pair.draft.set_attn_implementation(GROUPED)
-        if DraftStep.fits(pair.draft):  # its decoding steps written out (step.py); prompts and trees as above
+        if DraftStep.fits(pair.draft):  # its steps and short prompts written out (step.py)
             pair.written["draft"] = DraftStep(pair.draft)
     said.update(target_weights=dtype_name(dt), target_quant=quant)
     if quant in ("blocks", "int8"):

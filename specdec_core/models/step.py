@@ -6,9 +6,10 @@ gate/up another; the small operations between products are one step_ops.c call e
 into the room behind the cache (cache.RoomLayer); and a forward of n rows is a Plan, its calls bound once over
 buffers of its own, so that a step sets only what changes.
 
-DraftStep (int4, bfloat16) takes the draft's steps of one or a few tokens, its attention step_ops.c's (PyTorch's past
-OWN_ATTENTION_MOST positions); its prompts and trees take the general forward. A draft changes the speed, never the
-output. TargetForward (the GGUF blocks, float32) takes every forward of the target, and computes each row alone, its
+DraftStep (int4, bfloat16) takes the draft's steps of one or a few tokens and its short prompts (on the int8 twins from
+Int4Linear.WIDE rows, as its general forward), its attention step_ops.c's (PyTorch's past OWN_ATTENTION_MOST
+positions); its long prompts and its trees take the general forward. A draft changes the speed, never the output.
+TargetForward (the GGUF blocks, float32) takes every forward of the target, and computes each row alone, its
 attention too (kquant.c's rows_attention), so that a position's logits are the same bits in a step and in any pass. A
 prompt's rows are one grouped attention call: plain and speculative decoding compute a prompt alike.
 """
@@ -35,6 +36,7 @@ from .quant import Int4Linear
 
 PLANNED = MAX_K + 1  # forwards of up to this many rows keep their plans: a step, a chain's pass, a tree's level
 OWN_ATTENTION_MOST = 512  # the most positions the draft's steps attend to with step_ops.c's attention
+DRAFT_ROWS_MOST = 64  # the most rows of a draft's forward written out: a longer prompt takes the general forward
 
 
 class Plan:
@@ -106,8 +108,12 @@ class Int4Product:
         return y if self.bias is None else y + self.bias
 
     def bind(self, plan: Plan, x: torch.Tensor, name: str) -> torch.Tensor:
-        """This product of x's rows as the plan's calls, into its buffer `name`, which it returns."""
+        """This product of x's rows as the plan's calls, into its buffer `name`, which it returns: from Int4Linear.WIDE
+        rows on (a prompt), the int8 twins' products, as Int4Linear.forward takes them."""
         n, y = len(x), plan.buffer(name, len(x), self.out_features, torch.bfloat16)
+        if n >= Int4Linear.WIDE and all(m.wide is not None for m in self.linears):
+            plan.run(lambda: torch.cat([m.wide(x) for m in self.linears], -1, out=y))
+            return y
         if not (self.fused and self.own):
             plan.run(lambda: y.copy_(self(x)))
             return y
@@ -310,15 +316,17 @@ class TargetForward(WrittenForward):
 
 
 class DraftStep(WrittenForward):
-    """The int4 draft's steps of one or a few tokens, bfloat16 activations; its prompts and trees take the general
-    forward (None). Its attention is step_ops.c's up to OWN_ATTENTION_MOST positions, where PyTorch's cost more in a
-    call's overhead than in arithmetic, and PyTorch's beyond (docs/benchmarks.md)."""
+    """The int4 draft's steps of one or a few tokens and its prompts of up to DRAFT_ROWS_MOST tokens, bfloat16
+    activations; its longer prompts and trees take the general forward (None). Its attention is step_ops.c's up to
+    OWN_ATTENTION_MOST positions, where PyTorch's cost more in a call's overhead than in arithmetic, and PyTorch's
+    beyond (docs/benchmarks.md)."""
 
     projection, product, dtype = Int4Linear, Int4Product, torch.bfloat16
 
     def __call__(self, ids, cache, length, keep, tree=None, prompt=False, skip=None):
-        return None if tree is not None or prompt or length == 0 else super().__call__(ids, cache, length, keep,
-                                                                                        skip=skip)
+        if tree is not None or ids.shape[1] > DRAFT_ROWS_MOST:
+            return None
+        return super().__call__(ids, cache, length, keep, skip=skip)
 
     def logits(self, x, skip):
         """skip: the ids [lo, hi) the head leaves out (-inf, q = 0 there; Int4Linear.without), or None."""

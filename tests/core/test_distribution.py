@@ -173,8 +173,8 @@ def test_cost_sized_trees_are_cut(toy_pair):
 
 
 def test_the_written_out_int4_draft_steps_samples_follow_the_target(toy_pair):
-    """The draft's decoding step on CPUs (step.py: int4 products, step_ops.c between them) rounds its own way;
-    whatever its logits, q is what the draft drew from. A draft of the shapes the int4 kernel takes, in bfloat16."""
+    """The draft's decoding steps and prompts on CPUs (step.py: int4 products, step_ops.c between them) round their
+    own way; whatever its logits, q is what the draft drew from. A draft of the shapes the int4 kernel takes, in bfloat16."""
     if step_module.ops() is None:
         pytest.skip("step_ops.c cannot be built here (a warning said why)")
     torch.manual_seed(3)
@@ -185,14 +185,13 @@ def test_the_written_out_int4_draft_steps_samples_follow_the_target(toy_pair):
 
     def spy(ids, cache, length, keep, tree=None, prompt=False, skip=None):
         logits = step(ids, cache, length, keep, tree, prompt, skip)
-        taken.append((tree is not None or prompt, logits is not None))
+        taken.append((prompt, logits is not None))
         return logits
     spy.model = draft  # Pair.cached gives a model the steps made for it
     pair = dataclasses.replace(toy_pair, draft=draft, written={"draft": spy})
     assert DraftStep.fits(draft) and p_value(pair, CFG) > 1e-3
-    steps = [took for general_forward, took in taken if not general_forward]
-    assert len(steps) > SAMPLES and all(steps)  # every draft step after a prompt went through it
-    assert not any(took for general_forward, took in taken if general_forward)  # prompts took the general forward
+    steps, prompts = ([took for prompt, took in taken if prompt == kind] for kind in (False, True))
+    assert len(steps) > SAMPLES and prompts and all(steps + prompts)  # every draft forward went through it
     assert {attention for _, attention in step.plans} == {"grouped"}  # step_ops.c's attention
 
 

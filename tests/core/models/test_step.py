@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from specdec_core.cache import CachedModel, TreeInput
 from specdec_core.models import quant
 from specdec_core.models import step as step_module
+from specdec_core.models.int8 import TokenInt8Linear
 from specdec_core.models.kernels import native, step_ops
 from specdec_core.models.quant import draft_to_int4
 from specdec_core.models.step import DraftStep
@@ -139,6 +140,15 @@ def test_where_the_draft_steps_operations_cannot_be_built_the_draft_takes_the_ge
         step_module.ops.cache_clear()
 
 
+def biased_int4_draft(tiny):
+    """The tiny draft in int4, bfloat16, its q/k/v biases as a trained Qwen2's: not zero (a fresh one's are)."""
+    draft = copy.deepcopy(tiny.draft).to(torch.bfloat16)
+    for attention in (layer.self_attn for layer in draft.model.layers):
+        for projection in (attention.q_proj, attention.k_proj, attention.v_proj):
+            torch.nn.init.normal_(projection.bias, std=0.5, generator=torch.Generator().manual_seed(2))
+    return draft_to_int4(draft)
+
+
 def test_the_written_out_draft_step_follows_the_general_forward(tiny, monkeypatch):
     """The draft's decoding step on CPUs (models/step.py) against transformers' forward of the same int4 model:
     the same numbers up to bfloat16 rounding, whether the cache was last grown by a step or by the general forward
@@ -147,11 +157,7 @@ def test_the_written_out_draft_step_follows_the_general_forward(tiny, monkeypatc
     if step_module.ops() is None:
         pytest.skip("step_ops.c cannot be built here (a warning said why)")
     monkeypatch.setattr(step_module, "OWN_ATTENTION_MOST", 50)
-    draft = copy.deepcopy(tiny.draft).to(torch.bfloat16)
-    for attention in (layer.self_attn for layer in draft.model.layers):  # biases as a trained Qwen2's: not zero
-        for projection in (attention.q_proj, attention.k_proj, attention.v_proj):
-            torch.nn.init.normal_(projection.bias, std=0.5, generator=torch.Generator().manual_seed(2))
-    draft = draft_to_int4(draft)
+    draft = biased_int4_draft(tiny)
     assert DraftStep.fits(draft) and not DraftStep.fits(tiny.draft)  # float32 projections: the general forward
     step, taken = DraftStep(draft), []
 
@@ -162,7 +168,8 @@ def test_the_written_out_draft_step_follows_the_general_forward(tiny, monkeypatc
     fast, general = CachedModel(draft, tiny.vocab, written=spy), CachedModel(draft, tiny.vocab)
     prompt = [(7 * i) % 250 + 3 for i in range(40)]
     fast.prefill(prompt), general.prefill(prompt)
-    assert taken == [(40, True, False)]  # a prompt takes the general forward
+    assert taken == [(40, True, True)]  # a prompt is written out too (the next test compares it)
+    taken.clear()
     worst, scale = 0.0, 0.0
     for i in range(30):
         n = 2 if i % 5 == 0 else 1
@@ -176,12 +183,50 @@ def test_the_written_out_draft_step_follows_the_general_forward(tiny, monkeypatc
                 lm.forward(torch.tensor([9, 10, 11]), keep=3, tree=TreeInput([-1, -1, 0]))
                 lm.compact(lm.length - 3, [0, 2])
         assert fast.length == general.length and int(fast.cache.get_seq_length()) == fast.length
-    steps = [n for n, general_forward, took in taken if not general_forward]
-    assert steps.count(1) > 15 and steps.count(2) == 6  # one and two tokens a step, all taken; prompts and trees not
-    assert all(took != general_forward for n, general_forward, took in taken)
+    steps = [n for n, tree, took in taken if not tree]
+    assert steps.count(1) > 15 and steps.count(2) == 6  # one and two tokens a step, all taken; trees not
+    assert all(took != tree for n, tree, took in taken)
     assert worst < 0.05 * scale, (worst, scale)  # rounding at most, not another function
     assert {attention for _, attention in step.plans} == {"grouped", "sdpa"}
     # PyTorch's 64-row blocks: gate and up (128 rows each) are one product; k and v (32 rows) would shift q's blocks.
     # Ours takes blocks of 4 rows: q/k/v are one product too
     own = quant.int4_kernel() == "vnni"
     assert [step.layers[0][i].fused for i in (1, 4)] == [own, True]
+
+
+def test_the_draft_reads_a_prompt_written_out_as_the_general_forward_does(tiny, monkeypatch):
+    """A short prompt's rows through the draft's written forward, against transformers' forward of the same int4
+    model, every row's logits: from Int4Linear.WIDE rows on the int8 twins' products (as Int4Linear.forward takes
+    them), fewer on int4; each row sees the cache and the rows before it, with step_ops.c's attention up to
+    OWN_ATTENTION_MOST positions (50 here) and PyTorch's beyond; more than DRAFT_ROWS_MOST rows (20 here) take the
+    general forward; then a step on the cache they wrote."""
+    if step_module.ops() is None:
+        pytest.skip("step_ops.c cannot be built here (a warning said why)")
+    monkeypatch.setattr(step_module, "OWN_ATTENTION_MOST", 50)
+    monkeypatch.setattr(step_module, "DRAFT_ROWS_MOST", 20)
+    draft = biased_int4_draft(tiny)
+    step, taken, twins = DraftStep(draft), [], []
+
+    def spy(*args):
+        logits = step(*args)
+        taken.append(logits is not None)
+        return logits
+    fast, general = CachedModel(draft, tiny.vocab, written=spy), CachedModel(draft, tiny.vocab)
+    forward, twin = TokenInt8Linear.forward, {id(m.wide) for m in draft.modules() if getattr(m, "wide", None)}
+    monkeypatch.setattr(TokenInt8Linear, "forward", lambda self, x: (id(self) in twin and twins.append(x.shape[-2])) or
+                        forward(self, x))  # the tiny head's int8 layer is no twin
+    # 12 rows from 0, 5 from 12, 30 from 17 (the general forward), 8 from 47: past 50 positions, PyTorch's attention
+    for n, twinned, written in ((12, True, True), (5, False, True), (30, True, False), (8, True, True)):
+        ids = torch.tensor([(13 * n + 7 * i) % 250 + 3 for i in range(n)])
+        twins.clear()
+        mine = fast.forward(ids, keep=n, prompt=True)
+        assert taken[-1] == written and bool(twins) == twinned and set(twins) <= {n}, (n, twins)
+        theirs = general.forward(ids, keep=n, prompt=True)
+        # rounding at most (the general forward's residual stream is bfloat16, ours float32): up to 0.06 of the
+        # largest logit here, where a prompt's row that sees the rows after it is off by half of it
+        assert (mine.float() - theirs.float()).abs().max() < 0.1 * theirs.abs().max(), n
+        assert fast.length == general.length and int(fast.cache.get_seq_length()) == fast.length
+    ids = torch.tensor([42])
+    mine, theirs = fast.forward(ids, keep=1), general.forward(ids, keep=1)
+    assert taken[-1] and (mine.float() - theirs.float()).abs().max() < 0.1 * theirs.abs().max()
+    assert {attention for _, attention in step.plans} == {"grouped", "sdpa"}

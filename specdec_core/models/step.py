@@ -109,10 +109,10 @@ class Int4Product:
 
     def bind(self, plan: Plan, x: torch.Tensor, name: str) -> torch.Tensor:
         """This product of x's rows as the plan's calls, into its buffer `name`, which it returns: from Int4Linear.WIDE
-        rows on (a prompt), the int8 twins' products, as Int4Linear.forward takes them."""
+        rows on (a prompt), each layer's own forward, which takes its int8 twin there."""
         n, y = len(x), plan.buffer(name, len(x), self.out_features, torch.bfloat16)
-        if n >= Int4Linear.WIDE and all(m.wide is not None for m in self.linears):
-            plan.run(lambda: torch.cat([m.wide(x) for m in self.linears], -1, out=y))
+        if n >= Int4Linear.WIDE:
+            plan.run(lambda: torch.cat([m(x) for m in self.linears], -1, out=y))
             return y
         if not (self.fused and self.own):
             plan.run(lambda: y.copy_(self(x)))

@@ -21,8 +21,9 @@
      Q6_K, 3360 bytes: d[16] fp16, sc pairs [8][16][2] int8, the low nibbles as Q4_K's qs,
                        qh [16][16][4]: byte (o, t) of sub-block s holds the high 2 bits of q[o][16s + 4i + t] at 2i.
      Q8,   4352 bytes: d [8][16] fp16, q + 128 as unsigned bytes [64][16 outputs][4]: word c holds q[o][4c..4c + 4).
-   Built with AVX-512 VNNI (vpdpbusd: weights as unsigned bytes, activations signed) where the CPU has it, else as
-   portable C. Both compute the same integers and the same float operations, so both give the same bits. */
+   Built with AVX-512 VNNI (vpdpbusd: weights as unsigned bytes, activations signed) where the CPU has it, else with
+   AVX2 (vpmaddubsw's int16 pairs), else as portable C. All compute the same integers and the same float operations,
+   so all give the same bits. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -412,6 +413,190 @@ static void group(const uint8_t* w, int nb, const Rows* x, int K, int M, int kin
             if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + g * 16));
             _mm512_storeu_ps(y + (size_t)(m0 + r) * N + g * 16, v);
         }
+        m0 += rows;
+    }
+}
+
+#elif defined(__AVX2__)  /* AVX2 without VNNI: the same integers through vpmaddubsw, then the same float operations */
+#include <immintrin.h>
+#define INLINE static inline __attribute__((always_inline))
+#define ROWS2 4  /* rows of a tile: 16 registers hold fewer than AVX-512's 32 */
+
+/* 8 outputs' 4 unsigned bytes times the 4 signed bytes at p: 16 int16, each the sum of a pair of products. A weight
+   here is at most 63 (Q4_K, Q5_K, Q6_K) and an activation at most 127 in magnitude, so a pair (at most 16002) never
+   saturates; the sums below add no more pairs than stay under 32768 */
+INLINE __m256i pairs(__m256i w, const int32_t* p) { return _mm256_maddubs_epi16(w, _mm256_set1_epi32(*p)); }
+
+/* each output's lane holding its sub-block scale in both int16 (from a lane of the even's and the odd's): vpmaddwd
+   then scales and widens a lane's two pair sums at once */
+INLINE __m256i both(__m256i scs, const int odd) {
+    return odd ? _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(scs, 0xF5), 0xF5)
+               : _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(scs, 0xA0), 0xA0);
+}
+
+INLINE __m256i bit4_2(__m256i v, const int from) {  /* bit4's */
+    const __m256i fifth = _mm256_set1_epi8(16);
+    return _mm256_and_si256(from <= 4 ? _mm256_slli_epi16(v, 4 - from) : _mm256_srli_epi16(v, from - 4), fifth);
+}
+
+/* q4_tile's integers for the group's 16 outputs as two halves of 8 (lanes), then its float operations; acc: a row's
+   two halves side by side */
+INLINE void q4_tile2(const uint8_t* w, int nb, const Rows* x, int K, int m0, const int rows, __m256* acc, const int five) {
+    const __m256i low = _mm256_set1_epi8(15);
+    for (int r = 0; r < 2 * rows; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++, w += five ? Q5_PACKED : Q4_PACKED) {
+        __m256i isum[2 * ROWS2], dot[2 * ROWS2];
+        for (int r = 0; r < 2 * rows; r++) isum[r] = dot[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            __m256i sc[2], qh[2];
+            for (int h = 0; h < 2; h++) {
+                sc[h] = both(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(w + 64 + (j / 2) * 32 + 16 * h))), j % 2);
+                qh[h] = five ? _mm256_loadu_si256((const __m256i*)(w + Q4_PACKED + j * 64 + 32 * h)) : _mm256_setzero_si256();
+            }
+            for (int c = 4 * j; c < 4 * j + 4; c++) {
+                _mm_prefetch((const char*)(w + 320 + c * 64 + AHEAD), _MM_HINT_T0);
+                __m256i lo[2], hi[2];
+                for (int h = 0; h < 2; h++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i*)(w + 320 + c * 64 + 32 * h));
+                    lo[h] = _mm256_and_si256(v, low), hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                    if (five) {
+                        const int i = c - 4 * j;
+                        lo[h] = _mm256_or_si256(lo[h], bit4_2(qh[h], 2 * i));
+                        hi[h] = _mm256_or_si256(hi[h], bit4_2(qh[h], 2 * i + 1));
+                    }
+                }
+                for (int r = 0; r < rows; r++) {
+                    const int32_t* xr = (const int32_t*)(x->q + (size_t)(m0 + r) * K + b * QK + 8 * c);
+                    const __m256i x0 = _mm256_set1_epi32(xr[0]), x1 = _mm256_set1_epi32(xr[1]);
+                    for (int h = 0; h < 2; h++)
+                        dot[2 * r + h] = _mm256_add_epi16(dot[2 * r + h], _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], x0),
+                                                                                           _mm256_maddubs_epi16(hi[h], x1)));
+                }
+                if (five ? c % 2 == 1 : c % 4 == 3)  /* 8 pairs of at most 3810 (Q4_K), 4 of 7874 (Q5_K) */
+                    for (int r = 0; r < 2 * rows; r++) {
+                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(dot[r], sc[r % 2]));
+                        dot[r] = _mm256_setzero_si256();
+                    }
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w + 16 * h)));
+            const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w + 32 + 16 * h)));
+            __m256i mins[4];
+            for (int p = 0; p < 4; p++) mins[p] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(w + 192 + p * 32 + 16 * h)));
+            for (int r = 0; r < rows; r++) {
+                const int32_t* xs = x->p32 + ((size_t)(m0 + r) * nb + b) * 4;
+                __m256i msum = _mm256_setzero_si256();
+                for (int p = 0; p < 4; p++) msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mins[p], _mm256_set1_epi32(xs[p])));
+                const __m256 v = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(isum[2 * r + h])),
+                                               _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(msum)));
+                acc[2 * r + h] = _mm256_add_ps(acc[2 * r + h], _mm256_mul_ps(v, _mm256_set1_ps(x->dx[(size_t)(m0 + r) * nb + b])));
+            }
+        }
+    }
+}
+
+INLINE void q6_tile2(const uint8_t* w, int nb, const Rows* x, int K, int m0, const int rows, __m256* acc, const int unused) {
+    (void)unused;
+    const __m256i low = _mm256_set1_epi8(15), crumbs02 = _mm256_set1_epi8(0x33), crumbs13 = _mm256_set1_epi8((char)0xCC);
+    for (int r = 0; r < 2 * rows; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++, w += Q6_PACKED) {
+        __m256i isum[2 * ROWS2];
+        for (int r = 0; r < 2 * rows; r++) isum[r] = _mm256_setzero_si256();
+        for (int s = 0; s < 16; s++) {
+            for (int i = 0; i < 4; i++) _mm_prefetch((const char*)(w + 2 * Q6_PACKED + (4 * s + i) * 64), _MM_HINT_T0);
+            __m256i sc[2], q[2][4];
+            for (int h = 0; h < 2; h++) {  /* q6_tile's four: the low nibble, and the crumb moved to bits 4-5 over it */
+                sc[h] = both(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w + 32 + (s / 2) * 32 + 16 * h))), s % 2);
+                const __m256i qh = _mm256_loadu_si256((const __m256i*)(w + 2336 + s * 64 + 32 * h));
+                const __m256i v0 = _mm256_loadu_si256((const __m256i*)(w + 288 + 2 * s * 64 + 32 * h));
+                const __m256i v1 = _mm256_loadu_si256((const __m256i*)(w + 288 + (2 * s + 1) * 64 + 32 * h));
+                const __m256i qa = _mm256_and_si256(qh, crumbs02), qb = _mm256_and_si256(qh, crumbs13);
+                q[h][0] = _mm256_or_si256(_mm256_and_si256(v0, low), _mm256_andnot_si256(low, _mm256_slli_epi16(qa, 4)));
+                q[h][1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v0, 4), low), _mm256_andnot_si256(low, _mm256_slli_epi16(qb, 2)));
+                q[h][2] = _mm256_or_si256(_mm256_and_si256(v1, low), _mm256_andnot_si256(low, qa));
+                q[h][3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), low), _mm256_andnot_si256(low, _mm256_srli_epi16(qb, 2)));
+            }
+            for (int r = 0; r < rows; r++) {  /* 2 pairs of at most 16002 a sum */
+                const int32_t* xr = (const int32_t*)(x->q + (size_t)(m0 + r) * K + b * QK + 16 * s);
+                __m256i xb[4];
+                for (int i = 0; i < 4; i++) xb[i] = _mm256_set1_epi32(xr[i]);
+                for (int h = 0; h < 2; h++) {
+                    const __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(q[h][0], xb[0]), _mm256_maddubs_epi16(q[h][1], xb[1]));
+                    const __m256i c = _mm256_add_epi16(_mm256_maddubs_epi16(q[h][2], xb[2]), _mm256_maddubs_epi16(q[h][3], xb[3]));
+                    isum[2 * r + h] = _mm256_add_epi32(isum[2 * r + h], _mm256_add_epi32(_mm256_madd_epi16(a, sc[h]), _mm256_madd_epi16(c, sc[h])));
+                }
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w + 16 * h)));
+            __m256i scales[8];
+            for (int p = 0; p < 8; p++) scales[p] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w + 32 + p * 32 + 16 * h)));
+            for (int r = 0; r < rows; r++) {
+                const int32_t* xs = x->p16 + ((size_t)(m0 + r) * nb + b) * 8;
+                __m256i csum = _mm256_setzero_si256();
+                for (int p = 0; p < 8; p++) csum = _mm256_add_epi32(csum, _mm256_madd_epi16(scales[p], _mm256_set1_epi32(xs[p])));
+                const __m256i total = _mm256_sub_epi32(isum[2 * r + h], _mm256_slli_epi32(csum, 5));
+                const __m256 v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(total));
+                acc[2 * r + h] = _mm256_add_ps(acc[2 * r + h], _mm256_mul_ps(v, _mm256_set1_ps(x->dx[(size_t)(m0 + r) * nb + b])));
+            }
+        }
+    }
+}
+
+/* Q8: the weights are q + 128, up to 255, whose pairs could saturate; as |q| times x with q's sign (|q| <= 128), a pair
+   is at most 32512, and the sum is q8_tile's (q + 128) . x - 128 * sum(x) */
+INLINE void q8_tile2(const uint8_t* w, int nb, const Rows* x, int K, int m0, const int rows, __m256* acc, const int unused) {
+    (void)unused;
+    const __m256i offset = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    for (int r = 0; r < 2 * rows; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++, w += Q8_PACKED) {
+        __m256 block[2 * ROWS2];
+        for (int r = 0; r < 2 * rows; r++) block[r] = _mm256_setzero_ps();
+        for (int j = 0; j < 8; j++) {
+            __m256i dot[2 * ROWS2];
+            for (int r = 0; r < 2 * rows; r++) dot[r] = _mm256_setzero_si256();
+            for (int c = 8 * j; c < 8 * j + 8; c++) {
+                _mm_prefetch((const char*)(w + 256 + c * 64 + AHEAD), _MM_HINT_T0);
+                __m256i q[2], size[2];
+                for (int h = 0; h < 2; h++) {
+                    q[h] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(w + 256 + c * 64 + 32 * h)), offset);
+                    size[h] = _mm256_abs_epi8(q[h]);
+                }
+                for (int r = 0; r < rows; r++) {
+                    const __m256i xr = _mm256_set1_epi32(*(const int32_t*)(x->q + (size_t)(m0 + r) * K + b * QK + 4 * c));
+                    for (int h = 0; h < 2; h++)
+                        dot[2 * r + h] = _mm256_add_epi32(dot[2 * r + h], _mm256_madd_epi16(
+                            _mm256_maddubs_epi16(size[h], _mm256_sign_epi8(xr, q[h])), ones));
+                }
+            }
+            for (int h = 0; h < 2; h++) {
+                const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w + j * 32 + 16 * h)));
+                for (int r = 0; r < rows; r++)
+                    block[2 * r + h] = _mm256_add_ps(block[2 * r + h], _mm256_mul_ps(d, _mm256_cvtepi32_ps(dot[2 * r + h])));
+            }
+        }
+        for (int r = 0; r < 2 * rows; r++)
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(block[r], _mm256_set1_ps(x->dx[(size_t)(m0 + r / 2) * nb + b])));
+    }
+}
+
+#define CASE2(fn, n, f) case n: fn(w, nb, x, K, m0, n, acc, f); break;
+#define TILE2(fn, f) switch (rows) { CASE2(fn, 1, f) CASE2(fn, 2, f) CASE2(fn, 3, f) default: fn(w, nb, x, K, m0, ROWS2, acc, f); }
+
+static void group(const uint8_t* w, int nb, const Rows* x, int K, int M, int kind, const float* bias, float* y, int N, int g) {
+    const int tiles = (M + ROWS2 - 1) / ROWS2;
+    for (int t = 0, m0 = 0; t < tiles; t++) {
+        const int rows = M / tiles + (t < M % tiles);
+        __m256 acc[2 * ROWS2];
+        if (kind == 4) { TILE2(q4_tile2, 0) } else if (kind == 5) { TILE2(q4_tile2, 1) } else if (kind == 6) { TILE2(q6_tile2, 0) }
+        else { TILE2(q8_tile2, 0) }
+        for (int r = 0; r < rows; r++)
+            for (int h = 0; h < 2; h++) {
+                __m256 v = acc[2 * r + h];
+                if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + g * 16 + 8 * h));
+                _mm256_storeu_ps(y + (size_t)(m0 + r) * N + g * 16 + 8 * h, v);
+            }
         m0 += rows;
     }
 }

@@ -10,7 +10,7 @@ Q4_K_M, Q5_K_M, Q6_K or Q8_0 file holds.
 
 The exact target's attention is here too (`attention`): each row of a pass computed alone, as a step computes it.
 
-Two builds of one source: AVX-512 VNNI where the CPU has it, else portable C; both give the same bits.
+Three builds of one source: AVX-512 VNNI where the CPU has it, else AVX2, else portable C; all give the same bits.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .native import AVX512_VNNI, AVX512_VNNI_FLAGS, cpu_flags, load
+from .native import AVX2, AVX2_FLAGS, AVX512_VNNI, AVX512_VNNI_FLAGS, cpu_flags, load
 
 SOURCE = Path(__file__).with_name("kquant.c")
 COMMON = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-lm"]
@@ -48,11 +48,17 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 @functools.cache
 def library() -> tuple[ctypes.CDLL | None, str]:
-    """(the kernel, its build: "avx512-vnni" or "portable") or (None, why there is none)."""
-    vnni = AVX512_VNNI <= cpu_flags()
-    lib, why = load(SOURCE, COMMON + (AVX512_VNNI_FLAGS if vnni else []), set(), "the target's product on GGUF blocks cannot be "
-                    "built: {why}")
-    return (bind(lib), "avx512-vnni" if vnni else "portable") if lib is not None else (None, why)
+    """(the kernel, its build: "avx512-vnni", "avx2" or "portable") or (None, why there is none)."""
+    build = best_build(cpu_flags())
+    lib, why = load(SOURCE, COMMON + BUILDS[build], set(), "the target's product on GGUF blocks cannot be built: {why}")
+    return (bind(lib), build) if lib is not None else (None, why)
+
+
+BUILDS = {"avx512-vnni": AVX512_VNNI_FLAGS, "avx2": AVX2_FLAGS, "portable": []}  # the flags of each build
+
+
+def best_build(cpu: set[str]) -> str:
+    return "avx512-vnni" if AVX512_VNNI <= cpu else "avx2" if AVX2 <= cpu else "portable"
 
 
 def kernel() -> ctypes.CDLL:

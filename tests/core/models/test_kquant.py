@@ -149,7 +149,22 @@ def agrees(lib, kind) -> bool:
         for rows in (*range(1, 18), 65):
             if not torch.equal(run(lib, kind, raw, x[:rows], n, bias), want[:rows]):
                 return False
-    return True
+    raw, x = extremes(raw, kind, k)
+    return torch.equal(run(lib, kind, raw, x, n, None), reference(raw, kind, x, n, None))
+
+
+def extremes(raw: torch.Tensor, kind: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every q at its largest (Q8_0: -128, the largest magnitude), and rows whose every activation rounds to 127 or
+    -127: the largest integer sums a build's narrower partial sums (AVX2's int16) must hold."""
+    size = 34 if kind == 8 else {4: 144, 5: 176, 6: 210}[kind]
+    b = raw.reshape(-1, size).clone()
+    if kind == 8:
+        b[:, 2:] = 0x80
+    else:
+        b[:, {4: slice(16, 144), 5: slice(16, 176), 6: slice(0, 192)}[kind]] = 0xFF
+    x = torch.ones(4, k)
+    x[1], x[2, ::2], x[3, 1::2] = -1, -1, -1
+    return b.reshape(raw.shape), x
 
 
 def f32(v: float) -> torch.Tensor:
@@ -270,35 +285,65 @@ def test_the_product_is_the_reference_arithmetic_for_any_number_of_rows(kind):
     assert agrees(kquant.kernel(), kind)
 
 
-def build(tmp_path, monkeypatch, source: str, vnni: bool):
+def build(tmp_path, monkeypatch, source: str, flags: list[str]):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     path = tmp_path / "kquant.c"
     path.write_text(source)
-    lib, why = native.build(path, kquant.COMMON + (native.AVX512_VNNI_FLAGS if vnni else []))
+    lib, why = native.build(path, kquant.COMMON + flags)
     assert lib is not None, why
     return kquant.bind(lib)
 
 
 def test_the_portable_build_gives_the_same_bits(tmp_path, monkeypatch):
-    """The fallback for CPUs without AVX-512 VNNI, forced here: the same arithmetic, so the same logits."""
+    """The fallback for CPUs without AVX2, forced here: the same arithmetic, so the same logits."""
     needs_kernel()
-    lib = build(tmp_path, monkeypatch, kquant.SOURCE.read_text(), vnni=False)
+    lib = build(tmp_path, monkeypatch, kquant.SOURCE.read_text(), [])
     assert all(agrees(lib, kind) for kind in KINDS) and attention_agrees(lib)
+
+
+AVX2_MUTANTS = {  # the AVX2 build's int16 partial sums made to hold more pairs than they can
+    "Q5_K's pairs widened once a sub-block": (5, "if (five ? c % 2 == 1 : c % 4 == 3)", "if (c % 4 == 3)"),
+    "Q6_K's four pairs summed in int16": (
+        6, "_mm256_add_epi32(_mm256_madd_epi16(a, sc[h]), _mm256_madd_epi16(c, sc[h]))",
+        "_mm256_madd_epi16(_mm256_add_epi16(a, c), sc[h])"),
+    "Q8_0's q + 128 multiplied unsigned": (
+        8, "_mm256_maddubs_epi16(size[h], _mm256_sign_epi8(xr, q[h]))",
+        "_mm256_sub_epi16(_mm256_maddubs_epi16(_mm256_xor_si256(q[h], offset), xr), _mm256_maddubs_epi16(offset, xr))"),
+}
+
+
+@pytest.mark.parametrize("name", [None, *AVX2_MUTANTS])
+def test_the_avx2_build_gives_the_same_bits_and_catches_its_overflows(tmp_path, monkeypatch, name):
+    """The build for x86 CPUs without AVX-512 (most laptops): the reference's bits for every kind, extremes included
+    (agrees); each planted overflow of its int16 sums fails, which random weights alone would not show."""
+    needs_kernel()
+    if not native.AVX2 <= native.cpu_flags():
+        pytest.skip("this CPU has no AVX2")
+    source = kquant.SOURCE.read_text()
+    if name is None:
+        lib = build(tmp_path, monkeypatch, source, native.AVX2_FLAGS)
+        assert all(agrees(lib, kind) for kind in KINDS) and attention_agrees(lib)
+        return
+    kind, old, new = AVX2_MUTANTS[name]
+    assert source.count(old) == 1
+    assert not agrees(build(tmp_path, monkeypatch, source.replace(old, new), native.AVX2_FLAGS), kind)
 
 
 MUTANTS = {  # a planted bug: (kind it breaks, old text, new text), each in one build
     "a wrong sub-block scale (Q4_K)": (4, "const __m512i sc = h ? _mm512_srli_epi32(scs, 16) : _mm512_and_si512(scs, half);",
                                        "const __m512i sc = _mm512_and_si512(scs, half);"),
     "a wrong min (Q4_K)": (4, "x->p32 + ((size_t)(m0 + r) * nb + b) * 4 + p", "x->p32 + ((size_t)(m0 + r) * nb + b) * 4"),
-    "a dropped block (Q6_K)": (6, "for (int b = 0; b < nb; b++, w += Q6_PACKED)", "for (int b = 0; b < nb - 1; b++, w += Q6_PACKED)"),
+    "a dropped block (Q6_K)": (6, "for (int b = 0; b < nb; b++, w += Q6_PACKED) {\n        __m512i",
+                               "for (int b = 0; b < nb - 1; b++, w += Q6_PACKED) {\n        __m512i"),
     "nibble order swapped (Q4_K)": (4, "dot[r] = dpb(dot[r], lo, xr);\n                        dot[r] = dpb(dot[r], hi, xr + 1);",
                                     "dot[r] = dpb(dot[r], hi, xr);\n                        dot[r] = dpb(dot[r], lo, xr + 1);"),
     "a broadcast from the next activations (Q6_K)": (6, "dot = dpb(dot, q[3], xr + 3);", "dot = dpb(dot, q[3], xr + 4);"),
     "Q6_K's high bits one place off": (6, "_mm512_slli_epi16(qb, 2)", "_mm512_slli_epi16(qb, 3)"),
     "Q6_K's offset of 32 forgotten": (6, "_mm512_slli_epi32(csum, 5)", "_mm512_slli_epi32(csum, 4)"),
-    "a tile's rows all read its first (Q4_K)": (4, "x->q + (size_t)(m0 + r) * K + b * QK + 8 * c", "x->q + (size_t)m0 * K + b * QK + 8 * c"),
+    "a tile's rows all read its first (Q4_K)": (4, "x->q + (size_t)(m0 + r) * K + b * QK + 8 * c);\n                        dot[r] = dpb",
+                                                "x->q + (size_t)m0 * K + b * QK + 8 * c);\n                        dot[r] = dpb"),
     "activations rounded toward zero": (4, "_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC", "_MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC"),
-    "a row left out of uneven tiles": (6, "M / tiles + (t < M % tiles)", "M / tiles"),
+    "a row left out of uneven tiles": (6, "M / tiles + (t < M % tiles);\n        __m512", "M / tiles;\n        __m512"),
     "a packed scale from the wrong output": (4, "dst[64 + p * 32 + o * 2] = sc[2 * p]", "dst[64 + p * 32 + (o ^ 1) * 2] = sc[2 * p]"),
     "the file's high nibbles packed as low ones (Q4_K)": (4, "src + qs + 32 * g + l % 32, l >= 32", "src + qs + 32 * g + l % 32, l < 32"),
     "Q6_K's top bits packed from the wrong pair": (6, ">> (2 * j)) & 0x03030303u", ">> (2 * j + 1)) & 0x03030303u"),

@@ -11,6 +11,7 @@ from ..cache import PADDED_SIZES, CompiledForward, padded_size
 from ..config import MAX_GUESS, TARGET_QUANTS
 from ..messages import Note, Refusal
 from .attention import GROUPED, ROWS
+from .kernels import int4_vnni
 from .kernels.kquant import library as kquant_library
 from .pair import Pair, PairInfo, Progress, check_tokenizers, dtype_name, dtype_named, make_pair, pick_device, pick_dtype
 from .quant import fits_blocks
@@ -161,7 +162,8 @@ def quantise_draft(draft: torch.nn.Module, saved, source: str) -> dict:
     from .quant import Int4Linear, draft_to_int4, quant_label
 
     draft_to_int4(draft, saved=saved, source=source)
-    int4 = {"vnni" if m.tiles is not None else "torch" for m in draft.modules() if isinstance(m, Int4Linear)}
+    own = int4_vnni.library()[1]  # the build of ours
+    int4 = {own if m.tiles is not None else "torch" for m in draft.modules() if isinstance(m, Int4Linear)}
     return {"draft_quant": quant_label(draft), **({"draft_int4": "/".join(sorted(int4))} if int4 else {})}
 
 

@@ -2,7 +2,7 @@
 
 - PackedLinear (bfloat16): the weight reordered once into oneDNN's blocked layout; the same numbers as F.linear.
 - Int4Linear, the draft's (whose precision changes how many drafts are accepted, never the output): int4 weights with
-  a scale and an offset per group of 32 inputs, through PyTorch's int4 product or, with AVX-512 VNNI, our own
+  a scale and an offset per group of 32 inputs, through PyTorch's int4 product or, with AVX-512 VNNI or AVX2, our own
   (int4_vnni: activations rounded to int8 per group), which reads the fewest bytes a step waits on.
 - int8.TokenInt8Linear where int4 fits no layer (float32, odd shapes), and the exact int8 target.
 """

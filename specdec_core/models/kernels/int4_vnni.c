@@ -1,5 +1,6 @@
-/* The int4 draft's product on x86 CPUs with AVX-512 VNNI: y = x W^T, W in int4 with a step and a minimum per
-   group of 32 inputs (w = low + q step, q in 0..15), each row of x rounded to int8 per group of 32.
+/* The int4 draft's product on x86 CPUs with AVX-512 VNNI, or AVX2: y = x W^T, W in int4 with a step and a minimum per
+   group of 32 inputs (w = low + q step, q in 0..15), each row of x rounded to int8 per group of 32. The two builds
+   compute the same integers and the same float operations, so the same bits.
 
    A draft step waits on memory: it reads 309 MB of weights for one token. This kernel streams them faster than
    PyTorch's int4 one, because it prefetches its weights ahead of the arithmetic and multiplies bytes with vpdpbusd
@@ -11,6 +12,7 @@
    bytes holding inputs 4 L .. 4 L + 3 of its group in the low nibbles and 4 L + 16 .. in the high ones; then 16
    half-precision steps and 16 minimums, in lane order. A row's int8 inputs are laid out to match (prepare). */
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +38,7 @@ static inline uint16_t to_bf16(float f) {
    / 127) and total [M][Kp / 32] (scale times the group's sum of int8 values: its sum, as the products see it).
    Inputs past K (Kp is K rounded up to 128) are 0. A group of 32 is rounded in two vectors of 16, by the same float
    operations, in any order the same bits: a maximum, a product, a rounding to nearest even. */
+#ifdef __AVX512VNNI__
 static void prepare(const uint16_t* x, int M, int K, int Kp, int8_t* xq, float* scale, float* total) {
     for (int m = 0; m < M; m++)
         for (int grp = 0; grp < Kp / 32; grp++) {
@@ -63,7 +66,31 @@ static void prepare(const uint16_t* x, int M, int K, int Kp, int8_t* xq, float* 
             total[(size_t)m * (Kp / 32) + grp] = top / 127.f * (float)sum;
         }
 }
+#else
+static void prepare(const uint16_t* x, int M, int K, int Kp, int8_t* xq, float* scale, float* total) {
+    for (int m = 0; m < M; m++)
+        for (int grp = 0; grp < Kp / 32; grp++) {  /* the vector build's operations, one value at a time */
+            const int k0 = grp * 32, left = K - k0 < 0 ? 0 : K - k0 > 32 ? 32 : K - k0;
+            float v[32], top = 0.f;
+            for (int i = 0; i < 32; i++) {
+                v[i] = i < left ? from_bf16(x[(size_t)m * K + k0 + i]) : 0.f;
+                top = fabsf(v[i]) > top ? fabsf(v[i]) : top;
+            }
+            const float inv = top > 0 ? 127.f / top : 0.f;
+            int sum = 0;
+            int8_t* block = xq + (size_t)m * Kp + (grp / 4) * 128 + (grp % 4) * 4;
+            for (int i = 0; i < 32; i++) {
+                const int q = (int)rintf(v[i] * inv);
+                block[(i / 4) * 16 + i % 4] = (int8_t)q;
+                sum += q;
+            }
+            scale[(size_t)m * (Kp / 32) + grp] = top / 127.f;
+            total[(size_t)m * (Kp / 32) + grp] = top / 127.f * (float)sum;
+        }
+}
+#endif
 
+#ifdef __AVX512VNNI__
 /* 4 outputs (one row of tiles, nb of them) times `rows` rows: acc[r] holds 16 lanes (output * 4 + group) */
 static inline void quad(const uint8_t* t, int nb, const int8_t* xq, const float* scale, const float* total, int Kp,
                         int rows, __m512* acc) {
@@ -94,6 +121,48 @@ static inline void quad(const uint8_t* t, int nb, const int8_t* xq, const float*
         }
     }
 }
+#else
+/* quad's integers and float operations, each 64-byte vector as two halves of 8 lanes (outputs 0-1, 2-3); acc[2 r + h]
+   is half h of row r's. A pair of byte products is at most 2 * 15 * 127 and a sum adds 8 pairs: within int16. */
+static inline void quad(const uint8_t* t, int nb, const int8_t* xq, const float* scale, const float* total, int Kp,
+                        int rows, __m256* acc) {
+    const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    for (int r = 0; r < 2 * rows; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++, t += TILE) {
+        for (int c = 0; c < TILE; c += 64) _mm_prefetch((const char*)(t + AHEAD + c), _MM_HINT_T0);
+        __m256i lo[8], hi[8];
+        for (int L = 0; L < 4; L++)
+            for (int h = 0; h < 2; h++) {
+                const __m256i w = _mm256_loadu_si256((const __m256i*)(t + L * 64 + 32 * h));
+                lo[2 * L + h] = _mm256_and_si256(w, nibble);
+                hi[2 * L + h] = _mm256_and_si256(_mm256_srli_epi16(w, 4), nibble);
+            }
+        __m256 step[2], low[2];
+        for (int h = 0; h < 2; h++) {
+            step[h] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(t + 256 + 16 * h)));
+            low[h] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(t + 288 + 16 * h)));
+        }
+        for (int r = 0; r < rows; r++) {
+            const int8_t* xb = xq + (size_t)r * Kp + b * 128;
+            __m256i s[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+            for (int L = 0; L < 4; L++) {
+                const __m256i xl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(xb + L * 16)));
+                const __m256i xh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(xb + (L + 4) * 16)));
+                for (int h = 0; h < 2; h++)
+                    s[h] = _mm256_add_epi16(s[h], _mm256_add_epi16(_mm256_maddubs_epi16(lo[2 * L + h], xl),
+                                                                   _mm256_maddubs_epi16(hi[2 * L + h], xh)));
+            }
+            const __m256 sc = _mm256_broadcast_ps((const __m128*)(scale + (size_t)r * (Kp / 32) + b * 4));
+            const __m256 tt = _mm256_broadcast_ps((const __m128*)(total + (size_t)r * (Kp / 32) + b * 4));
+            for (int h = 0; h < 2; h++) {
+                const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[h], ones));
+                acc[2 * r + h] = _mm256_fmadd_ps(_mm256_mul_ps(dot, step[h]), sc, acc[2 * r + h]);
+                acc[2 * r + h] = _mm256_fmadd_ps(low[h], tt, acc[2 * r + h]);
+            }
+        }
+    }
+}
+#endif
 
 /* x [M][K] bfloat16, tiles for Np = N rounded up to 4 outputs and Kp = K rounded up to 128 inputs; bias [N]
    bfloat16 (NULL: none), added before the rounding; y [M][N] bfloat16. Returns 0, or -1 when memory for the rounded
@@ -110,16 +179,25 @@ int int4_vnni_mm(const uint8_t* tiles, const uint16_t* x, int M, int N, int K, c
     for (int q = 0; q < quads; q++) {
         for (int m0 = 0; m0 < M; m0 += ROWS) {
             int rows = M - m0 < ROWS ? M - m0 : ROWS;
-            __m512 acc[ROWS];
-            quad(tiles + (size_t)q * nb * TILE, nb, xq + (size_t)m0 * Kp, scale + (size_t)m0 * (Kp / 32),
-                 total + (size_t)m0 * (Kp / 32), Kp, rows, acc);
+            float lanes[ROWS][16];
+            {
+#ifdef __AVX512VNNI__
+                __m512 acc[ROWS];
+                quad(tiles + (size_t)q * nb * TILE, nb, xq + (size_t)m0 * Kp, scale + (size_t)m0 * (Kp / 32),
+                     total + (size_t)m0 * (Kp / 32), Kp, rows, acc);
+                for (int r = 0; r < rows; r++) _mm512_storeu_ps(lanes[r], acc[r]);
+#else
+                __m256 acc[2 * ROWS];
+                quad(tiles + (size_t)q * nb * TILE, nb, xq + (size_t)m0 * Kp, scale + (size_t)m0 * (Kp / 32),
+                     total + (size_t)m0 * (Kp / 32), Kp, rows, acc);
+                for (int r = 0; r < 2 * rows; r++) _mm256_storeu_ps(lanes[r / 2] + 8 * (r % 2), acc[r]);
+#endif
+            }
             for (int r = 0; r < rows; r++) {
-                float lanes[16];
-                _mm512_storeu_ps(lanes, acc[r]);
                 for (int o = 0; o < 4 && q * 4 + o < N; o++) {
                     const float b = bias ? from_bf16(bias[q * 4 + o]) : 0.f;
                     y[(size_t)(m0 + r) * N + q * 4 + o] =
-                        to_bf16(lanes[o * 4] + lanes[o * 4 + 1] + lanes[o * 4 + 2] + lanes[o * 4 + 3] + b);
+                        to_bf16(lanes[r][o * 4] + lanes[r][o * 4 + 1] + lanes[r][o * 4 + 2] + lanes[r][o * 4 + 3] + b);
                 }
             }
         }

@@ -1,7 +1,8 @@
-"""The int4 draft's product of our own (int4_vnni.c) for x86 CPUs with AVX-512 VNNI, built on first use (native.py).
+"""The int4 draft's product of our own (int4_vnni.c) for x86 CPUs with AVX-512 VNNI or AVX2, built on first use
+(native.py).
 
 A draft step reads its weights once and waits on memory; this product streams them faster than PyTorch's int4
-kernel (see int4_vnni.c). Where the CPU lacks VNNI or it cannot be built, `library()` says why and the draft keeps
+kernel (see int4_vnni.c). Where the CPU has neither or it cannot be built, `library()` says why and the draft keeps
 PyTorch's kernel.
 """
 from __future__ import annotations
@@ -12,23 +13,28 @@ from pathlib import Path
 
 import torch
 
-from .native import AVX512_VNNI, AVX512_VNNI_FLAGS, load
+from .native import AVX2, AVX2_FLAGS, AVX512_VNNI, AVX512_VNNI_FLAGS, cpu_flags, load
 
 SOURCE = Path(__file__).with_name("int4_vnni.c")
-FLAGS = ["-O3", *AVX512_VNNI_FLAGS, "-fopenmp", "-shared", "-fPIC"]
-NEEDS = AVX512_VNNI
+COMMON = ["-O3", "-fopenmp", "-shared", "-fPIC", "-lm"]
+BUILDS = {"avx512-vnni": (AVX512_VNNI, COMMON + AVX512_VNNI_FLAGS), "avx2": (AVX2, COMMON + AVX2_FLAGS)}  # needs, flags
 GROUP = 32
 
 
 @functools.cache
 def library() -> tuple[ctypes.CDLL | None, str]:
-    """(the built kernel, "") or (None, why there is none); where the CPU could run it but it cannot be built, a
-    warning says so once."""
-    lib, why = load(SOURCE, FLAGS, NEEDS, "the int4 draft's own product is not used: {why}; it keeps PyTorch's")
-    if lib is not None:
-        lib.int4_vnni_mm.restype = ctypes.c_int
-        lib.int4_vnni_mm.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_int]
-    return lib, why
+    """(the built kernel, its build: "avx512-vnni" or "avx2") or (None, why there is none); where the CPU could run it
+    but it cannot be built, a warning says so once."""
+    build = "avx512-vnni" if AVX512_VNNI <= cpu_flags() else "avx2"
+    lib, why = load(SOURCE, BUILDS[build][1], BUILDS[build][0], "the int4 draft's own product is not used: {why}; it "
+                    "keeps PyTorch's")
+    return (bind(lib), build) if lib is not None else (None, why)
+
+
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    lib.int4_vnni_mm.restype = ctypes.c_int
+    lib.int4_vnni_mm.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_int]
+    return lib
 
 
 def fits() -> bool:
@@ -49,14 +55,15 @@ def pack(q: torch.Tensor, step: torch.Tensor, low: torch.Tensor) -> torch.Tensor
     return torch.cat([nibbles, lanes(step), lanes(low)], -1).contiguous()
 
 
-def product(tiles: torch.Tensor, x: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
-    """x [M, K] bfloat16 -> [M, N] bfloat16."""
+def product(tiles: torch.Tensor, x: torch.Tensor, out_features: int, in_features: int,
+            lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """x [M, K] bfloat16 -> [M, N] bfloat16 (lib: another build of int4_vnni.c, for tests)."""
     if x.dim() != 2 or x.shape[1] != in_features or x.dtype != torch.bfloat16 or tiles.dtype != torch.uint8 \
             or tiles.shape[:2] != (-(-out_features // 4), -(-in_features // 128)):
         raise ValueError(f"the int4 product takes bfloat16 rows of {in_features}, got {x.dtype} {tuple(x.shape)}")
     x = x.contiguous()
     y = torch.empty(len(x), out_features, dtype=torch.bfloat16)
-    if library()[0].int4_vnni_mm(tiles.data_ptr(), x.data_ptr(), len(x), out_features, in_features, None,
-                                 y.data_ptr(), torch.get_num_threads()):
+    if (lib or library()[0]).int4_vnni_mm(tiles.data_ptr(), x.data_ptr(), len(x), out_features, in_features, None,
+                                          y.data_ptr(), torch.get_num_threads()):
         raise MemoryError("no memory for the int4 product's rounded rows")
     return y

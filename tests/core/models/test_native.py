@@ -11,8 +11,9 @@ import torch
 from specdec_core.models import int8, quant
 from specdec_core.models.kernels import int4_vnni, int8_vnni, kquant, native, step_ops
 
-KERNELS = {"int8": int8_vnni.FLAGS, "int4": int4_vnni.FLAGS, "step": step_ops.FLAGS,
-           "kquant": kquant.COMMON + native.AVX512_VNNI_FLAGS}
+KERNELS = {"int8": int8_vnni.FLAGS, "step": step_ops.FLAGS, "step-avx2": step_ops.FLAGS + native.AVX2_FLAGS,
+           **{f"int4-{build}": flags for build, (_, flags) in int4_vnni.BUILDS.items()},
+           **{f"kquant-{build}": kquant.COMMON + flags for build, flags in kquant.BUILDS.items()}}
 
 
 @pytest.mark.parametrize("name", KERNELS)
@@ -109,3 +110,4 @@ def test_the_kernels_can_be_turned_off_and_the_fallbacks_run(monkeypatch, tmp_pa
     finally:
         for library in libraries:
             library.cache_clear()
+

@@ -85,6 +85,28 @@ def test_the_int4_vnni_product_is_the_reference_arithmetic_for_any_number_of_row
             assert torch.equal(y, torch.cat([q(x[i: i + 1]) for i in range(rows)]))
 
 
+def test_the_avx2_build_of_the_int4_product_gives_the_avx512_builds_bits(tmp_path):
+    """The draft's product on x86 CPUs without AVX-512 (most laptops): the same integers (vpmaddubsw's int16 pairs,
+    summed while they cannot overflow) and float operations, so the same bits, also where every weight is 15 and every
+    activation rounds to +-127, the largest sums a narrower partial sum must hold."""
+    if not native.AVX512_VNNI | native.AVX2 <= native.cpu_flags():
+        pytest.skip("this CPU cannot run both builds")
+    libs = []
+    for build in ("avx512-vnni", "avx2"):
+        lib, why = native.build(int4_vnni.SOURCE, int4_vnni.BUILDS[build][1], tmp_path / build)
+        assert lib is not None, why
+        libs.append(int4_vnni.bind(lib))
+    g = torch.Generator().manual_seed(3)
+    for n, k, top in ((36, 96, 16), (259, 160, 16), (64, 896, 16), (64, 896, 1)):
+        q = torch.randint(0, 16, (n, k), generator=g) if top == 16 else torch.full((n, k), 15)
+        tiles = int4_vnni.pack(q, (torch.rand(n, k // 32, generator=g) * 0.1).half(), torch.randn(n, k // 32, generator=g).half())
+        x = (torch.randn(17, k, generator=g) * 3).bfloat16() if top == 16 else torch.ones(17, k).bfloat16()
+        x[1::2] *= -1
+        for rows in (1, 2, 3, 5, 8, 9, 17):
+            vnni, avx2 = (int4_vnni.product(tiles, x[:rows], n, k, lib) for lib in libs)
+            assert torch.equal(vnni, avx2), (n, k, rows)
+
+
 def test_a_head_without_some_tokens_computes_the_others_with_the_same_bits():
     """Int4Linear.without: the outputs outside [lo, hi) are the whole product's, bit for bit (the same tiles' rows),
     those inside -inf; shapes it cannot skip (no tiles, bounds not multiples of 4) get the whole product."""
@@ -184,7 +206,7 @@ def test_int4_products_of_many_rows_take_the_int8_twin():
 
 
 def test_where_the_int4_kernel_cannot_be_built_the_draft_keeps_pytorchs_and_says_why(monkeypatch, tmp_path):
-    monkeypatch.setattr(native, "cpu_flags", lambda: set(int4_vnni.NEEDS))
+    monkeypatch.setattr(native, "cpu_flags", lambda: set(int4_vnni.BUILDS["avx512-vnni"][0]))
     monkeypatch.setattr(native.platform, "machine", lambda: "x86_64")
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "no-such-compiler")

@@ -108,10 +108,11 @@ def small_operations(lib, seed: int = 0) -> list[torch.Tensor]:
 
 
 def test_every_build_of_the_small_operations_computes_the_same_bits(tmp_path):
-    """The AVX-512 build (where the CPU has it) and the one for any CPU: the same bits, so that a target's logits do not
-    depend on which one ran. Built with contraction allowed, the AVX-512 build's differ: the check can see it."""
-    if not native.AVX512_VNNI <= native.cpu_flags():
-        pytest.skip("this CPU has no AVX-512 (VNNI) to build step_ops.c for")
+    """The AVX-512 and AVX2 builds (where the CPU has them) and the one for any CPU: the same bits, so that a target's
+    logits do not depend on which one ran. Built with contraction allowed, the AVX-512 build's differ: the check can see
+    it."""
+    if not native.AVX512_VNNI | native.AVX2 <= native.cpu_flags():
+        pytest.skip("this CPU has no AVX-512 (VNNI) and AVX2 to build step_ops.c for")
 
     def built(flags):
         lib, why = native.build(step_ops.SOURCE, flags, tmp_path)
@@ -119,8 +120,8 @@ def test_every_build_of_the_small_operations_computes_the_same_bits(tmp_path):
         return small_operations(step_ops.bind(lib))
 
     wide = step_ops.FLAGS + native.AVX512_VNNI_FLAGS
-    anywhere, avx512 = built(step_ops.FLAGS), built(wide)
-    assert all(torch.equal(a, b) for a, b in zip(anywhere, avx512, strict=True))
+    anywhere, avx512, avx2 = built(step_ops.FLAGS), built(wide), built(step_ops.FLAGS + native.AVX2_FLAGS)
+    assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(anywhere, avx512, avx2, strict=True))
     fused = built([f for f in wide if f != "-ffp-contract=off"] + ["-ffp-contract=fast"])
     assert not all(torch.equal(a, b) for a, b in zip(anywhere, fused, strict=True))
 

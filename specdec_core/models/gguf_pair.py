@@ -1,7 +1,7 @@
 """A pair of GGUF files made into a Pair: the bundled one, or files a user names (sources.py).
 
 The target computes exactly on its file's blocks (gguf_model.load_target), or on its values (int8 on CPUs without
-AVX-512 VNNI, made by load.py); the draft's values are read to be quantised. The tokenizer is made from the target's
+AVX2 or a C compiler, made by load.py); the draft's values are read to be quantised. The tokenizer is made from the target's
 own metadata and kept in the cache with the digest of its files.
 """
 from __future__ import annotations

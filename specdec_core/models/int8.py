@@ -1,6 +1,6 @@
 """The exact int8 target's layers (TokenInt8Linear, made by quant.quantise_target): the target's values made int8 per
 output channel, times activations rounded to int8 per row, so that a position's logits are the same bits alone and in
-any pass. Where the target has no GGUF blocks to compute on (Hub pairs, CPUs without AVX-512 VNNI), this is
+any pass. Where the target has no GGUF blocks to compute on (Hub pairs of other shapes, CPUs without AVX2 or a compiler), this is
 what makes it exact; the int4 draft's int8 twin is one too."""
 from __future__ import annotations
 

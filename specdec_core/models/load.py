@@ -26,7 +26,7 @@ class LoadOptions:
 
     target_quant: how the target computes on CPUs, exact in "auto", "int8" and "blocks": a position's logits are the
     same, bit for bit, in a one-token step and in any verification pass, so greedy speculative output is plain
-    decoding's on every prompt. "auto" on CPUs: "blocks" where the CPU has AVX-512 VNNI, else "int8"
+    decoding's on every prompt. "auto" on CPUs: "blocks" where the CPU has AVX-512 VNNI or AVX2, else "int8"
     (auto_target_quant); the tiny test pair runs as built. "blocks": a GGUF target (the bundled one, or one named as
     sources.py reads names) on its file's own blocks (kernels/kquant.py): nothing to convert at start, and fewer bytes
     read a step; a Hub target on Q8_0 blocks made from its values at load (where its shapes fit them, else int8).
@@ -188,11 +188,11 @@ def pack_and_release(pair: Pair, pack: bool) -> dict:
 
 def auto_target_quant(target: str, device: torch.device) -> str:
     """How a target computes by default: on CPUs exact, on GGUF blocks (a GGUF target's own; a Hub checkpoint's
-    values made Q8_0 ones) where their AVX-512 VNNI product runs (elsewhere the portable build would be slower than
-    int8's products), else int8; the tiny test pair and GPUs as loaded."""
+    values made Q8_0 ones) where their AVX-512 VNNI or AVX2 product runs (the portable build, one lane at a time, would
+    be far slower than int8's products), else int8; the tiny test pair and GPUs as loaded."""
     if device.type != "cpu" or target == "tiny":
         return "off"
-    return "blocks" if kquant_library()[1] == "avx512-vnni" else "int8"
+    return "blocks" if kquant_library()[1] in ("avx512-vnni", "avx2") else "int8"
 
 
 def on_blocks(model: torch.nn.Module) -> bool:

@@ -24,11 +24,15 @@ except ImportError:  # Windows: no lock between processes, so start one app at a
 
 
 def cpu_flags() -> set[str]:
+    """The CPU's flags as /proc/cpuinfo names them; with SPECDEC_KERNELS=avx2, without the AVX-512 ones, so that
+    every kernel takes the build a CPU without AVX-512 (most laptops) runs."""
     try:
         with open("/proc/cpuinfo") as f:
-            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+            flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
     except OSError:
         return set()
+    avx2_only = os.environ.get("SPECDEC_KERNELS", "").lower() == "avx2"
+    return {flag for flag in flags if not flag.startswith("avx512")} if avx2_only else flags
 
 
 HEADERS = Path(__file__).parent  # what the kernels include of their own

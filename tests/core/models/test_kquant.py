@@ -429,11 +429,12 @@ def test_without_the_product_the_blocks_are_refused_by_name(monkeypatch):
         load_pair("bundled", target_quant="blocks")
 
 
-@pytest.mark.parametrize("build, want", [("avx512-vnni", "blocks"), ("portable", "int8"), (None, "int8")])
+@pytest.mark.parametrize("build, want", [("avx512-vnni", "blocks"), ("avx2", "blocks"), ("portable", "int8"),
+                                         (None, "int8")])
 def test_every_target_runs_on_blocks_by_default_where_their_fast_product_runs(monkeypatch, build, want):
-    """The CPU default: the blocks where the AVX-512 VNNI build runs, for the bundled target, a GGUF one and a Hub one
-    (its values made Q8_0 blocks); the portable build (one lane at a time) and no build at all fall back to the int8
-    target, exact too. The tiny pair and GPUs as loaded."""
+    """The CPU default: the blocks where the AVX-512 VNNI or AVX2 build runs, for the bundled target, a GGUF one and a
+    Hub one (its values made Q8_0 blocks); the portable build (one lane at a time) and no build at all fall back to the
+    int8 target, exact too. The tiny pair and GPUs as loaded."""
     from specdec_core.models import load
 
     monkeypatch.setattr(load, "kquant_library", lambda: (object() if build else None, build or "no C compiler"))

@@ -111,3 +111,26 @@ def test_the_kernels_can_be_turned_off_and_the_fallbacks_run(monkeypatch, tmp_pa
         for library in libraries:
             library.cache_clear()
 
+
+def test_the_avx2_builds_can_be_asked_for_on_a_cpu_with_avx512(monkeypatch):
+    """SPECDEC_KERNELS=avx2: each kernel takes the build of a CPU without AVX-512 (how docs/benchmarks.md measures
+    one on a CPU with it), and computes there."""
+    from specdec_core.models import load
+    from specdec_core.models.kernels import kquant
+
+    if not native.AVX2 <= native.cpu_flags() or not native.AVX512_VNNI <= native.cpu_flags():
+        pytest.skip("this CPU cannot run both builds")
+    monkeypatch.setenv("SPECDEC_KERNELS", "avx2")
+    libraries = (int8_vnni.library, int4_vnni.library, kquant.library)
+    for library in libraries:
+        library.cache_clear()
+    try:
+        assert not any(flag.startswith("avx512") for flag in native.cpu_flags()) and native.AVX2 <= native.cpu_flags()
+        assert kquant.library()[1] == int4_vnni.library()[1] == "avx2" and int8_vnni.library()[0] is None
+        assert load.auto_target_quant("bundled", torch.device("cpu")) == "blocks"
+        layer = quant.Int4Linear(torch.nn.Linear(256, 32).bfloat16())
+        x = torch.randn(3, 256).bfloat16()
+        assert layer.tiles is not None and torch.equal(layer(x), torch.cat([layer(x[i: i + 1]) for i in range(3)]))
+    finally:
+        for library in libraries:
+            library.cache_clear()

@@ -39,7 +39,7 @@ HEADERS = Path(__file__).parent  # what the kernels include of their own
 
 AVX512_VNNI = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c"}  # as /proc/cpuinfo names them
 AVX512_VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c"]  # and as gcc does
-AVX2 = {"avx2", "fma", "f16c"}  # x86 CPUs without AVX-512 since 2013 (most laptops)
+AVX2 = {"avx2", "fma", "f16c"}  # x86 CPUs since about 2013, most laptops' among them, AVX-512 or not
 AVX2_FLAGS = ["-mavx2", "-mfma", "-mf16c"]
 
 

@@ -46,19 +46,16 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
-@functools.cache
-def library() -> tuple[ctypes.CDLL | None, str]:
-    """(the kernel, its build: "avx512-vnni", "avx2" or "portable") or (None, why there is none)."""
-    build = best_build(cpu_flags())
-    lib, why = load(SOURCE, COMMON + BUILDS[build], set(), "the target's product on GGUF blocks cannot be built: {why}")
-    return (bind(lib), build) if lib is not None else (None, why)
-
-
 BUILDS = {"avx512-vnni": AVX512_VNNI_FLAGS, "avx2": AVX2_FLAGS, "portable": []}  # the flags of each build
 
 
-def best_build(cpu: set[str]) -> str:
-    return "avx512-vnni" if AVX512_VNNI <= cpu else "avx2" if AVX2 <= cpu else "portable"
+@functools.cache
+def library() -> tuple[ctypes.CDLL | None, str]:
+    """(the kernel, its build: "avx512-vnni", "avx2" or "portable") or (None, why there is none)."""
+    cpu = cpu_flags()
+    build = "avx512-vnni" if AVX512_VNNI <= cpu else "avx2" if AVX2 <= cpu else "portable"
+    lib, why = load(SOURCE, COMMON + BUILDS[build], set(), "the target's product on GGUF blocks cannot be built: {why}")
+    return (bind(lib), build) if lib is not None else (None, why)
 
 
 def kernel() -> ctypes.CDLL:

@@ -422,10 +422,9 @@ static void group(const uint8_t* w, int nb, const Rows* x, int K, int M, int kin
 #define INLINE static inline __attribute__((always_inline))
 #define ROWS2 4  /* rows of a tile: 16 registers hold fewer than AVX-512's 32 */
 
-/* 8 outputs' 4 unsigned bytes times the 4 signed bytes at p: 16 int16, each the sum of a pair of products. A weight
-   here is at most 63 (Q4_K, Q5_K, Q6_K) and an activation at most 127 in magnitude, so a pair (at most 16002) never
-   saturates; the sums below add no more pairs than stay under 32768 */
-INLINE __m256i pairs(__m256i w, const int32_t* p) { return _mm256_maddubs_epi16(w, _mm256_set1_epi32(*p)); }
+/* vpmaddubsw: 8 outputs' 4 unsigned bytes times 4 signed activation bytes, as 16 int16, each the sum of a pair of
+   products. A weight here is at most 63 (Q4_K, Q5_K, Q6_K) and an activation at most 127 in magnitude, so a pair (at
+   most 16002) never saturates; the tiles below add no more pairs than stay under 32768 */
 
 /* each output's lane holding its sub-block scale in both int16 (from a lane of the even's and the odd's): vpmaddwd
    then scales and widens a lane's two pair sums at once */

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import torch
 
-from .native import AVX2, AVX2_FLAGS, AVX512_VNNI, AVX512_VNNI_FLAGS, cpu_flags, load
+from .native import BUILDS, load, widest_build
 
 SOURCE = Path(__file__).with_name("int4_vnni.c")
 COMMON = ["-O3", "-fopenmp", "-shared", "-fPIC", "-lm"]
-BUILDS = {"avx512-vnni": (AVX512_VNNI, COMMON + AVX512_VNNI_FLAGS), "avx2": (AVX2, COMMON + AVX2_FLAGS)}  # needs, flags
 GROUP = 32
 
 
@@ -25,9 +24,10 @@ GROUP = 32
 def library() -> tuple[ctypes.CDLL | None, str]:
     """(the built kernel, its build: "avx512-vnni" or "avx2") or (None, why there is none); where the CPU could run it
     but it cannot be built, a warning says so once."""
-    build = "avx512-vnni" if AVX512_VNNI <= cpu_flags() else "avx2"
-    lib, why = load(SOURCE, BUILDS[build][1], BUILDS[build][0], "the int4 draft's own product is not used: {why}; it "
-                    "keeps PyTorch's")
+    build = widest_build()
+    build = "avx2" if build == "portable" else build  # a vector build: where the CPU lacks it, load() says so
+    needs, flags = BUILDS[build]
+    lib, why = load(SOURCE, COMMON + flags, needs, "the int4 draft's own product is not used: {why}; it keeps PyTorch's")
     return (bind(lib), build) if lib is not None else (None, why)
 
 

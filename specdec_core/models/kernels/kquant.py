@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .native import AVX2, AVX2_FLAGS, AVX512_VNNI, AVX512_VNNI_FLAGS, cpu_flags, load
+from .native import BUILDS, load, widest_build
 
 SOURCE = Path(__file__).with_name("kquant.c")
 COMMON = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-lm"]
@@ -46,15 +46,11 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
-BUILDS = {"avx512-vnni": AVX512_VNNI_FLAGS, "avx2": AVX2_FLAGS, "portable": []}  # the flags of each build
-
-
 @functools.cache
 def library() -> tuple[ctypes.CDLL | None, str]:
     """(the kernel, its build: "avx512-vnni", "avx2" or "portable") or (None, why there is none)."""
-    cpu = cpu_flags()
-    build = "avx512-vnni" if AVX512_VNNI <= cpu else "avx2" if AVX2 <= cpu else "portable"
-    lib, why = load(SOURCE, COMMON + BUILDS[build], set(), "the target's product on GGUF blocks cannot be built: {why}")
+    build = widest_build()
+    lib, why = load(SOURCE, COMMON + BUILDS[build][1], set(), "the target's product on GGUF blocks cannot be built: {why}")
     return (bind(lib), build) if lib is not None else (None, why)
 
 

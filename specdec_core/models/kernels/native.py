@@ -41,6 +41,14 @@ AVX512_VNNI = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c"}  # as /
 AVX512_VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c"]  # and as gcc does
 AVX2 = {"avx2", "fma", "f16c"}  # x86 CPUs since about 2013, most laptops' among them, AVX-512 or not
 AVX2_FLAGS = ["-mavx2", "-mfma", "-mf16c"]
+# each build of a kernel: the CPU flags it needs and the compiler's flags for them, widest first
+BUILDS = {"avx512-vnni": (AVX512_VNNI, AVX512_VNNI_FLAGS), "avx2": (AVX2, AVX2_FLAGS), "portable": (set(), [])}
+
+
+def widest_build() -> str:
+    """The widest build this CPU runs (cpu_flags: SPECDEC_KERNELS=avx2 hides AVX-512)."""
+    cpu = cpu_flags()
+    return next(name for name, (needs, _) in BUILDS.items() if needs <= cpu)
 
 
 LOCK_WAIT_S = float(os.environ.get("SPECDEC_LOCK_TIMEOUT_S", "600"))  # a first start's longest step takes about a minute

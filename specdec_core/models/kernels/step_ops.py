@@ -6,7 +6,7 @@ import ctypes
 import functools
 from pathlib import Path
 
-from .native import AVX2, AVX2_FLAGS, AVX512_VNNI, AVX512_VNNI_FLAGS, cpu_flags, load
+from .native import BUILDS, load, widest_build
 
 SOURCE = Path(__file__).with_name("step_ops.c")
 # the activation's selects vectorise only where no exception flag is kept (the same values, several times faster);
@@ -18,9 +18,7 @@ FLAGS = ["-O3", "-fno-trapping-math", "-ffp-contract=off", "-fopenmp", "-shared"
 @functools.cache
 def ops() -> ctypes.CDLL | None:
     """step_ops.c, built; None where it cannot be (a warning says why: the draft then takes the general forward)."""
-    cpu = cpu_flags()
-    wide = AVX512_VNNI_FLAGS if AVX512_VNNI <= cpu else AVX2_FLAGS if AVX2 <= cpu else []
-    lib, _ = load(SOURCE, FLAGS + wide, set(), "the draft's written-out step is not used: {why}")
+    lib, _ = load(SOURCE, FLAGS + BUILDS[widest_build()][1], set(), "the draft's written-out step is not used: {why}")
     return None if lib is None else bind(lib)
 
 

@@ -12,8 +12,8 @@ from specdec_core.models import int8, quant
 from specdec_core.models.kernels import int4_vnni, int8_vnni, kquant, native, step_ops
 
 KERNELS = {"int8": int8_vnni.FLAGS, "step": step_ops.FLAGS, "step-avx2": step_ops.FLAGS + native.AVX2_FLAGS,
-           **{f"int4-{build}": flags for build, (_, flags) in int4_vnni.BUILDS.items()},
-           **{f"kquant-{build}": kquant.COMMON + flags for build, flags in kquant.BUILDS.items()}}
+           **{f"int4-{build}": int4_vnni.COMMON + flags for build, (_, flags) in native.BUILDS.items()},
+           **{f"kquant-{build}": kquant.COMMON + flags for build, (_, flags) in native.BUILDS.items()}}
 
 
 @pytest.mark.parametrize("name", KERNELS)

@@ -93,7 +93,7 @@ def test_the_avx2_build_of_the_int4_product_gives_the_avx512_builds_bits(tmp_pat
         pytest.skip("this CPU cannot run both builds")
     libs = []
     for build in ("avx512-vnni", "avx2"):
-        lib, why = native.build(int4_vnni.SOURCE, int4_vnni.BUILDS[build][1], tmp_path / build)
+        lib, why = native.build(int4_vnni.SOURCE, int4_vnni.COMMON + native.BUILDS[build][1], tmp_path / build)
         assert lib is not None, why
         libs.append(int4_vnni.bind(lib))
     g = torch.Generator().manual_seed(3)
@@ -206,7 +206,7 @@ def test_int4_products_of_many_rows_take_the_int8_twin():
 
 
 def test_where_the_int4_kernel_cannot_be_built_the_draft_keeps_pytorchs_and_says_why(monkeypatch, tmp_path):
-    monkeypatch.setattr(native, "cpu_flags", lambda: set(int4_vnni.BUILDS["avx512-vnni"][0]))
+    monkeypatch.setattr(native, "cpu_flags", lambda: set(native.AVX512_VNNI))
     monkeypatch.setattr(native.platform, "machine", lambda: "x86_64")
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "no-such-compiler")

@@ -35,7 +35,10 @@ MIDDLES = (0.15, 0.4, 0.6, 0.78, 0.9, 0.98)  # each bin's prior: what the draft 
 FIRSTS, FIRSTS_NEEDED = 32, 4  # the latest first tokens' probabilities that price a round before its first draw
 EXPLORE = 0.02  # after plain steps, a round drafts again once their count times this reaches what drafting was
 # expected to lose: a probe costs about that shortfall, so probing keeps the loss near this share of a step, and the
-# verdicts it brings let drafting come back where the text has changed
+# verdicts it brings let drafting come back where the text has changed. A probe also feeds the draft every token
+# committed since it last drafted, a cost the shortfall leaves out: each probe after which drafting still does not
+# pay doubles the wait for the next (MISSES at most), so that an answer drafting does not suit pays for a few probes
+MISSES = 4
 
 
 @dataclass
@@ -77,6 +80,7 @@ class Policy:
                       "next": deque([self.next * self.step_s], maxlen=RECENT), "step": deque([self.step_s], maxlen=RECENT)}
         self.verify = [self.costs.verify(n) for n in range(MAX_TREE_NODES + 2)] if self.costs else []  # n tokens
         self.plain_run = 0  # plain steps since the last round that drafted
+        self.misses, self.probed = 0, False  # probes in a row that drafting did not follow; the last round one
 
     def observe(self, first_s: float, rest_s: float, forwards: int, tokens: int) -> None:
         """A round's draft took `first_s` to its first token and `rest_s` for the rest, in `forwards` forwards for
@@ -173,7 +177,8 @@ class Policy:
         """Before a round: how many tokens it may draft (0: a plain step), the curve, and what drafting is expected
         to bring (for a plain step, what it would have). With `reads` and enough first tokens seen, a round that
         drafts may go to k (go_on stops it); else it drafts the curve's first best length. Where drafting is expected
-        to bring less than a plain step, the round is one, unless enough plain steps came before (EXPLORE)."""
+        to bring less than a plain step, the round is one, unless enough plain steps came before (EXPLORE, doubled
+        by each probe in a row that drafting did not follow)."""
         curve = self.curve(k)
         if not curve or not k:  # no costs: as far as asked; nothing asked: nothing
             return k, curve, 0.0
@@ -182,9 +187,14 @@ class Policy:
         else:
             n = max(range(1, k + 1), key=lambda j: (curve[j], -j))
             value = curve[n]
-        if value <= curve[0] and self.plain_run * EXPLORE < curve[0] - value:
-            self.plain_run += 1
-            return 0, curve, value
+        if value > curve[0]:
+            self.misses, self.probed = 0, False
+        else:
+            self.misses, self.probed = min(self.misses + self.probed, MISSES), False
+            if self.plain_run * EXPLORE < (curve[0] - value) * 2 ** self.misses:
+                self.plain_run += 1
+                return 0, curve, value
+            self.probed = True
         self.plain_run = 0
         return n, curve, value
 

@@ -13,7 +13,7 @@ import torch
 from scipy.stats import chisquare
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from specdec_core import SpecConfig, drafters, make_drafter, speculative_generate, verify
+from specdec_core import SpecConfig, drafters, make_drafter, policy, speculative_generate, verify
 from specdec_core.drafters import ModelDrafter
 from specdec_core.lookup import HybridDrafter, PromptLookupDrafter
 from specdec_core.models import Pair
@@ -21,6 +21,7 @@ from specdec_core.models import step as step_module
 from specdec_core.models.quant import draft_to_int4
 from specdec_core.models.step import DraftStep
 from specdec_core.models.tiny import NOMINAL_COSTS
+from specdec_core.policy import Policy
 from specdec_core.sampling import warp
 from specdec_core.theory import PassCosts
 
@@ -48,12 +49,14 @@ def toy_pair():
 
 
 def exact_distribution(pair, warp, prompt, length=LENGTH):
-    probs = {}
+    """Every continuation of `length` tokens and its probability under the target, warped as sampled."""
+    probs, seqs = {}, torch.tensor(list(itertools.product(range(pair.vocab), repeat=length)))
     with torch.no_grad():
-        for seq in itertools.product(range(pair.vocab), repeat=length):
-            logits = pair.target(torch.tensor([prompt + list(seq)])).logits[0]
-            p = warp(logits[len(prompt) - 1: -1])
-            probs[seq] = float(torch.prod(p[torch.arange(length), torch.tensor(seq)]))
+        for chunk in seqs.split(4096):
+            ids = torch.cat([torch.tensor(prompt).expand(len(chunk), -1), chunk], 1)
+            p = warp(pair.target(ids).logits[:, len(prompt) - 1: -1].reshape(-1, pair.vocab)).view(*chunk.shape, -1)
+            chosen = p.gather(2, chunk.unsqueeze(2)).squeeze(2).prod(1)
+            probs.update(zip(map(tuple, chunk.tolist()), chosen.tolist()))
     return probs
 
 
@@ -127,21 +130,31 @@ def test_speculative_samples_follow_the_target(toy_pair, cfg, drafter):
 # a draft forward 0.35 of a step, 0.2 a row: the policy's prior drafts, and one rejection is enough to make the
 # next round a plain step
 DEAR = PassCosts({1: 1.0, 2: 1.2, 65: 13.8}, draft=0.35)
+LONG = dict(CFG, max_new_tokens=8)  # answers long enough for a probe that drafting did not follow to delay the next
 
 
 def test_chains_the_policy_shortens_follow_the_target(toy_pair, monkeypatch):
     """The policy (policy.py) sets each round's length from the rounds before and the draft's own draws, never this
-    round's verification: some rounds are plain steps, others chains, and the samples still follow the target.
-    Dropping the token where the chain stops when its own draw was unlikely (a rule that reads the token drawn) is
-    caught."""
-    lengths, propose = [], ModelDrafter.propose
-    monkeypatch.setattr(ModelDrafter, "propose", lambda self, *a: lengths.append(len(d := propose(self, *a))) or d)
+    round's verification: some rounds are plain steps, others chains or probes, and a probe that drafting did not
+    follow makes the next wait longer (a plain step where one probe fewer would have drafted); the samples of 8
+    tokens still follow the target. Dropping the token where the chain stops when its own draw was unlikely (a rule
+    that reads the token drawn) is caught."""
+    lengths, delayed, plan = [], [], Policy.plan
+
+    def planned(self, k, reads=True):
+        waited = self.plain_run
+        n, curve, value = plan(self, k, reads)
+        lengths.append(n)
+        delayed.append(not n and self.misses and waited * policy.EXPLORE >= curve[0] - value)
+        return n, curve, value
+    monkeypatch.setattr(Policy, "plan", planned)
+    monkeypatch.setattr(policy, "EXPLORE", 0.05)  # probes soon enough for a delayed one within 8 tokens
     pair = dataclasses.replace(toy_pair, pass_costs=DEAR)
-    assert p_value(pair, CFG) > 1e-3
-    assert {0, 1} <= set(lengths)  # plain steps and chains
+    assert p_value(pair, LONG) > 1e-3
+    assert {0, 1} <= set(lengths) and any(delayed)
     mutate(monkeypatch, ModelDrafter, "grow", ("            break\n", "            if g.qs[-1][g.nodes[-1].token] < 0.5:\n"
                                                "                g.nodes.pop()\n            break\n"))
-    assert p_value(pair, CFG) < 1e-3
+    assert p_value(pair, LONG) < 1e-3
 
 
 def test_prompt_lookup_s_samples_follow_the_target(toy_pair):

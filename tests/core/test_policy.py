@@ -1,7 +1,7 @@
 """The policy (policy.py): how far each round drafts, from the costs and this answer's verdicts."""
 import pytest
 
-from specdec_core.policy import DECAY, EXPLORE, GUESS_WEIGHT, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, RECENT, Policy
+from specdec_core.policy import DECAY, EXPLORE, GUESS_WEIGHT, MISSES, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, RECENT, Policy
 from specdec_core.theory import PassCosts
 from specdec_core.trees import Node, verdicts
 
@@ -37,6 +37,28 @@ def test_drafting_stops_where_acceptance_no_longer_pays_for_the_draft_and_probes
     run = next(i for i, plan in enumerate(plans) if plan[0])  # the first probe, then plain steps again
     assert run * EXPLORE >= 1.0 - value > (run - 1) * EXPLORE and plans[run + 1][0] == 0
     assert low.plan(8, reads=False)[0] == 0  # a GPU's chain: the curve's best, which is none
+
+
+def waits(policy: Policy, plans: int) -> list[int]:
+    """The plain steps before each probe in `plans` plans, none of them judged."""
+    probes = [i for i in range(plans) if policy.plan(8)[0]]
+    return [b - a - 1 for a, b in zip([-1] + probes, probes)]
+
+
+def test_each_probe_that_drafting_does_not_follow_doubles_the_wait_for_the_next():
+    """A probe also feeds the draft every token committed since it last drafted: where drafting still does not pay
+    after one, the next waits twice as long, up to MISSES doublings; once drafting pays again, the wait is back to its
+    first."""
+    low = judged(Policy(LINEAR), 0.3, probability=0.2)
+    seen = waits(low, 3000)
+    assert len(seen) > MISSES + 2 and seen[0] > 1
+    for before, after in zip(seen[:MISSES], seen[1:MISSES + 1]):
+        assert abs(after - 2 * before) <= 1
+    assert set(seen[MISSES:]) == {seen[MISSES]} and low.misses == MISSES
+    judged(low, 0.95, probability=0.95)
+    assert low.plan(8)[0] == 8 and low.misses == 0
+    judged(low, 0.3, probability=0.2)
+    assert waits(low, 3 * seen[0])[0] == seen[0]
 
 
 def test_verdicts_fade_so_that_the_latest_weigh_most():

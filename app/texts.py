@@ -49,7 +49,8 @@ timed costs and the acceptance this answer has met so far, the app forecasts the
 (the theory panel draws that curve), and within the round the draft goes on while its next token, at the draft's own
 confidence as this answer's verdicts calibrate it, brings more than it costs. Where drafting would not pay (a language
 the draft knows less, a sampled chat), a round is a plain step, shown as one, and the race is never slower than
-plain decoding by much more than the cost of finding that out. Where the text repeats two or three
+plain decoding by much more than the cost of finding that out: after plain steps a round drafts again now and then,
+in case the text has turned easier, and less often each time it has not. Where the text repeats two or three
 tokens seen before, a draft step also checks the tokens that followed them there, in the same forward: each one
 the draft then draws costs it no step of its own.
 
@@ -73,7 +74,8 @@ prevê a aceleração de rascunhar 0, 1, … K tokens (o painel de teoria desenh
 rascunho continua enquanto o próximo token, com a confiança do próprio rascunho calibrada pelos vereditos desta
 resposta, traz mais do que custa. Onde rascunhar não compensaria (uma língua que o rascunho conhece menos, uma
 conversa amostrada), a rodada é um passo comum, mostrado como tal, e a corrida nunca fica mais lenta que a
-decodificação comum muito além do custo de descobrir isso.
+decodificação comum muito além do custo de descobrir isso: depois de passos comuns, uma rodada volta a rascunhar de
+vez em quando, caso o texto tenha ficado mais fácil, e cada vez mais raramente quando não ficou.
 Onde o texto repete dois ou três tokens já vistos, um passo do rascunho também confere, na mesma passada, os
 tokens que vieram depois deles: cada um que o rascunho então sorteia não lhe custa um passo próprio.
 

@@ -11,9 +11,10 @@ import torch
 from specdec_core.models import int8, quant
 from specdec_core.models.kernels import int4_vnni, int8_vnni, kquant, native, step_ops
 
-KERNELS = {"int8": int8_vnni.FLAGS, "step": step_ops.FLAGS, "step-avx2": step_ops.FLAGS + native.AVX2_FLAGS,
-           **{f"int4-{build}": int4_vnni.COMMON + flags for build, (_, flags) in native.BUILDS.items()},
-           **{f"kquant-{build}": kquant.COMMON + flags for build, (_, flags) in native.BUILDS.items()}}
+KERNELS = {"int8": int8_vnni.FLAGS,  # and every build of the others, as native.BUILDS gives their flags
+           **{f"{name}-{build}": common + flags for name, common in (("step", step_ops.FLAGS), ("int4", int4_vnni.COMMON),
+                                                                     ("kquant", kquant.COMMON))
+              for build, (_, flags) in native.BUILDS.items()}}
 
 
 @pytest.mark.parametrize("name", KERNELS)

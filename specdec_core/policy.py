@@ -6,9 +6,10 @@ decoding brings 1 token a step. From this answer's own rounds, the latest weight
   - the acceptance by depth (`forecasts`), which gives the `curve` of expected speedup against n before a round;
   - a drawn token's worth, its draft probability calibrated by verdicts on like probabilities (`worth`), and the next
     token's chance after one of that probability (`next_rate`);
-  - the draft's costs from its rounds' times (first token, later forwards, guesses that needed none), against the
-    target's step as its passes take now (`passed`): each the fastest of the latest rounds, since other work on the
-    machine only ever adds time.
+  - the draft's costs from its rounds' times (first token, later forwards, guesses that needed none), and the
+    target's from its passes as the rounds take them (`passed`): the step's from plain steps and passes of two rows,
+    which read the weights as a step does, and larger passes' from theirs, whose arithmetic shows. Each is the fastest
+    of the latest rounds, since other work on the machine only ever adds time.
 Within a round the chain goes on while the next token raises the expected tokens per unit time (`go_on`). Before it,
 a CPU's drafter drafts only where such a round pays on average (`plan`), else takes a plain step; a GPU's chain drafts
 the curve's best length. Trees keep nodes by the same rule (theory.tree_size). The policy reads earlier rounds'
@@ -72,12 +73,16 @@ class Policy:
         # the draw, the read), each forward after it, and the share of later tokens that came without a forward
         self.first = self.next = costs.draft if costs is not None else 0.0
         self.guessing = 0.0
-        # the target's step as its passes now take, which the draft's times are measured against: a shared machine's
-        # speed changes, and costs timed once would then call the draft dearer or cheaper than it is
+        # the target's step as its plain steps now take, which the other costs are measured against: a shared machine's
+        # speed changes, and costs timed once would then call the draft and the passes dearer or cheaper than they are
         self.step_s = costs.step_ms / 1000 if costs is not None and costs.step_ms else 0.0
-        # the latest times of each, in seconds, the costs timed at load among them until RECENT rounds have come
+        # a pass of n tokens as timed at load, in seconds: what the latest passes of more than two are priced against
+        self.timed = [self.costs.verify(n) * self.step_s for n in range(MAX_TREE_NODES + 2)] if self.costs else []
+        # the latest times of each, in seconds (passes of more than two tokens: their ratio to their timed cost), the
+        # costs timed at load among them until RECENT rounds have come
         self.times = {"first": deque([self.first * self.step_s], maxlen=RECENT),
-                      "next": deque([self.next * self.step_s], maxlen=RECENT), "step": deque([self.step_s], maxlen=RECENT)}
+                      "next": deque([self.next * self.step_s], maxlen=RECENT), "step": deque([self.step_s], maxlen=RECENT),
+                      "rows": deque([1.0], maxlen=RECENT)}
         self.verify = [self.costs.verify(n) for n in range(MAX_TREE_NODES + 2)] if self.costs else []  # n tokens
         self.plain_run = 0  # plain steps since the last round that drafted
         self.misses, self.probed = 0, False  # probes in a row that drafting did not follow; the last round one
@@ -96,16 +101,23 @@ class Policy:
         self.price()
 
     def passed(self, seconds: float, rows: int) -> None:
-        """A round's target pass of `rows` rows took `seconds`, its read included: the target's step is what that pass
-        says it is now (`PassCosts.verify`: a pass's cost in steps), the fastest of the latest such."""
+        """A round's target pass of `rows` rows took `seconds`, its decision and read included. A step reads every
+        weight once, and so does a pass of two rows, whose second row's arithmetic hides under the reading: either
+        says what a step takes now. A larger pass's arithmetic shows, and says what such passes take now against their
+        timed cost: other work on the machine slows the reading and the arithmetic apart."""
         if self.costs is not None and self.step_s and 1 <= rows < len(self.verify):
-            self.times["step"].append(seconds / self.verify[rows])
+            if rows <= 2:
+                self.times["step"].append(seconds / self.verify[rows])
+            else:
+                self.times["rows"].append(seconds / self.timed[rows])
             self.price()
 
     def price(self) -> None:
-        """The costs from the fastest of the latest times of each kind."""
-        self.step_s = min(self.times["step"])
+        """The costs from the fastest of the latest times of each kind: a pass of more than two tokens costs its timed
+        cost times the latest such passes' ratio to it, in steps as the latest take, and never less than two tokens'."""
+        self.step_s, rows = min(self.times["step"]), min(self.times["rows"])
         self.first, self.next = min(self.times["first"]) / self.step_s, min(self.times["next"]) / self.step_s
+        self.verify[3:] = [max(self.verify[2], rows * t / self.step_s) for t in self.timed[3:]]
 
     def forecasts(self, depth: int) -> list[float]:
         """The chance that the target accepts the d-th drafted token once it accepted those before it, d = 1..depth:

@@ -137,22 +137,48 @@ def test_bursts_of_other_work_on_some_rounds_do_not_price_the_draft_out():
     assert policy.plan(4)[0] == 4
 
 
-def test_the_targets_step_follows_what_its_passes_take():
+def test_the_targets_step_follows_what_its_steps_and_two_token_passes_take():
     """A shared machine's speed changes: the step the draft's times are measured against is the fastest of the
-    target's latest passes (plain steps and passes of any rows alike), so a machine now twice as slow for both models
-    leaves the draft's cost in steps where it was."""
+    target's latest plain steps and passes of two tokens (either reads the weights once), and larger passes cost what
+    the latest of them took against their timed cost, so a machine now twice as slow for both models leaves every cost
+    in steps where it was, once RECENT rounds of each kind have come."""
     policy = Policy(PassCosts(LINEAR.sizes, draft=0.3, step_ms=20.0))
     policy.observe(0.006, 0.012, 3, 3)  # a draft forward 6 ms: 0.3 of a 20 ms step
-    for r in range(RECENT):
-        assert policy.step_s == pytest.approx(0.020) and policy.first == pytest.approx(0.3)
-        rows = 1 if r % 2 else 5  # a plain step, or a pass of 5 rows: 1.6 steps here
-        policy.passed(0.040 * policy.verify[rows], rows)  # the machine now twice as slow for both
+    timed = list(policy.verify)
+    steps = 0  # passes that said what a step takes
+    for r in range(3 * RECENT):
+        rows = (1, 2, 5)[r % 3]  # a plain step, or a pass of 2 (1.15 steps here) or 5 rows (1.6)
+        policy.passed(0.040 * timed[rows], rows)  # the machine now twice as slow for both
+        steps += rows <= 2
+        assert policy.step_s == pytest.approx(0.020 if steps < RECENT else 0.040)
         policy.observe(0.012, 0.024, 3, 3)
-    assert policy.step_s == pytest.approx(0.040)
     assert policy.first == pytest.approx(0.3) and policy.next == pytest.approx(0.3)
+    assert policy.verify == pytest.approx(timed)
     untimed = Policy(LINEAR)  # no step timed: nothing to follow
     untimed.passed(0.040, 1)
     assert untimed.step_s == 0
+
+
+def test_larger_passes_cost_what_the_rounds_take():
+    """A step reads every weight once; a pass of more than two tokens also shows its arithmetic. Other work on the
+    machine slows the two apart, and a pass's rows may cost more in a round than they did timed alone: the policy
+    prices each as the latest rounds took them, never a larger pass below two tokens', and drafts shorter chains
+    where rows cost more."""
+    policy = judged(Policy(PassCosts(LINEAR.sizes, draft=0.3, step_ms=20.0)), 0.8, probability=0.9)
+    for _ in range(RECENT):
+        policy.passed(0.030, 1)  # plain steps slowed by half (their reading shared), passes of 9 rows as timed
+        policy.passed(0.020 * 2.2, 9)
+    assert policy.step_s == pytest.approx(0.030)
+    assert policy.verify[9] == pytest.approx(2.2 / 1.5) and policy.verify[2] == pytest.approx(1.15)
+    assert policy.verify[5] == pytest.approx(1.15)  # 1.6 / 1.5 is less than a pass of two tokens costs
+    cheap = policy.curve(8)
+    for _ in range(RECENT):
+        policy.passed(0.030 * 2.2 * 2, 9)  # now each pass of 9 rows twice what its timing says, in steps
+    assert policy.verify[9] == pytest.approx(4.4) and policy.verify[3] == pytest.approx(2.6)
+    assert policy.cost(2) == pytest.approx(policy.first + policy.next + 2.6)
+    dear = policy.curve(8)
+    best = lambda curve: max(range(len(curve)), key=curve.__getitem__)
+    assert best(dear) < best(cheap) and max(dear) < max(cheap)
 
 
 def test_a_rounds_verdicts_are_read_from_the_tokens_it_committed():

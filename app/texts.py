@@ -45,7 +45,7 @@ so every token has the target's own distribution (greedy: keep a draft token onl
 **Why it is faster.** One target pass scores all K drafts at once, and on memory-bound hardware a pass over
 K+1 tokens costs little more than over one. With acceptance rate a, a round yields (1 − a^(K+1)) / (1 − a)
 tokens for the price of K draft steps and one target pass. So each round drafts only as far as that pays: from the
-timed costs and the acceptance this answer has met so far, the app forecasts the speedup of drafting 0, 1, … K tokens
+costs its rounds measure and the acceptance this answer has met so far, the app forecasts the speedup of drafting 0, 1, … K tokens
 (the theory panel draws that curve), and within the round the draft goes on while its next token, at the draft's own
 confidence as this answer's verdicts calibrate it, brings more than it costs. Where drafting would not pay (a language
 the draft knows less, a sampled chat), a round is a plain step, shown as one, and the race is never slower than

@@ -73,8 +73,8 @@ class Policy:
         # the draw, the read), each forward after it, and the share of later tokens that came without a forward
         self.first = self.next = costs.draft if costs is not None else 0.0
         self.guessing = 0.0
-        # the target's step as its plain steps now take, which the other costs are measured against: a shared machine's
-        # speed changes, and costs timed once would then call the draft and the passes dearer or cheaper than they are
+        # the target's step as its plain steps and two-token passes now take, which the other costs are measured against:
+        # a shared machine's speed changes, and costs timed once would call the draft and the passes dearer or cheaper
         self.step_s = costs.step_ms / 1000 if costs is not None and costs.step_ms else 0.0
         # a pass of n tokens as timed at load, in seconds: what the latest passes of more than two are priced against
         self.timed = [self.costs.verify(n) * self.step_s for n in range(MAX_TREE_NODES + 2)] if self.costs else []

@@ -76,14 +76,15 @@ class Policy:
         # the target's step as its plain steps and two-token passes now take, which the other costs are measured against:
         # a shared machine's speed changes, and costs timed once would call the draft and the passes dearer or cheaper
         self.step_s = costs.step_ms / 1000 if costs is not None and costs.step_ms else 0.0
-        # a pass of n tokens as timed at load, in seconds: what the latest passes of more than two are priced against
-        self.timed = [self.costs.verify(n) * self.step_s for n in range(MAX_TREE_NODES + 2)] if self.costs else []
+        # a pass of n tokens in steps (as timed at load until the rounds price it: `price`), and as timed at load in
+        # seconds, what the latest passes of more than two tokens are priced against
+        self.verify = [self.costs.verify(n) for n in range(MAX_TREE_NODES + 2)] if self.costs else []
+        self.timed = [cost * self.step_s for cost in self.verify]
         # the latest times of each, in seconds (passes of more than two tokens: their ratio to their timed cost), the
         # costs timed at load among them until RECENT rounds have come
         self.times = {"first": deque([self.first * self.step_s], maxlen=RECENT),
                       "next": deque([self.next * self.step_s], maxlen=RECENT), "step": deque([self.step_s], maxlen=RECENT),
                       "rows": deque([1.0], maxlen=RECENT)}
-        self.verify = [self.costs.verify(n) for n in range(MAX_TREE_NODES + 2)] if self.costs else []  # n tokens
         self.plain_run = 0  # plain steps since the last round that drafted
         self.misses, self.probed = 0, False  # probes in a row that drafting did not follow; the last round one
 

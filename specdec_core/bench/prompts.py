@@ -259,9 +259,9 @@ def load_variants(args, cfg: SpecConfig, prompt: str) -> tuple[dict, dict, dict]
 
 
 def describe(pair, cfg: SpecConfig, args) -> dict:
-    """What a variant's report says of the models, the machine and the settings it ran, and the costs that sized its
-    rounds: timed once a process, where a shared machine's state moves them (a step of 23 to 36 ms on two cores), and
-    how far the rounds draft with them."""
+    """What a variant's report says of the models, the machine and the settings it ran, and the costs timed once a
+    process that each answer's rounds start from (the policy prices passes and drafts from the rounds after that): a
+    shared machine's state moves them, and how far the rounds draft with them."""
     return {"pair": pair.name, "models": {"target": pair.info.target, "draft": pair.info.draft},
             "device": str(pair.device), "dtype": dtype_name(pair.dtype),
             "target_weights": pair.info.target_weights,

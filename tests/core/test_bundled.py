@@ -1,5 +1,6 @@
 """The bundled pair: its files and cache, on stand-ins (fast), and the real pair, its target exact on its GGUF's blocks (slow)."""
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -7,7 +8,7 @@ import torch
 from specdec_core import SpecConfig, generate, load_pair
 from specdec_core.messages import Refusal
 from specdec_core.models import bundled, gguf_pair
-from specdec_core.models.tiny import tiny_models
+from specdec_core.models.tiny import NOMINAL_COSTS, tiny_models
 
 from ..conftest import with_eos
 
@@ -39,11 +40,14 @@ def test_the_progress_says_ready_once_the_pair_is_ready(monkeypatch):
 @pytest.mark.parametrize("prompt", ["Write a Python function that checks whether a number is prime.",
                                     "Explain what a hash map is in two sentences."])
 def test_greedy_speculative_equals_the_targets_own_greedy_output(bundled_pair, prompt):
-    cfg, pair = SpecConfig(k=4, max_new_tokens=32), with_eos(bundled_pair, [])  # 32 tokens, wherever the answer ends
+    """32 tokens, wherever the answer ends, every round drafting 4: this machine's timed costs would have the policy
+    take plain steps where drafting does not pay (this fixture's draft is int8), and leave the drafts unchecked."""
+    cfg, pair = SpecConfig(k=4, max_new_tokens=32), with_eos(bundled_pair, [])
     ar = generate(pair, prompt, cfg, "autoregressive")
-    spec = generate(pair, prompt, cfg)
+    spec = generate(dataclasses.replace(pair, pass_costs=NOMINAL_COSTS), prompt, cfg)
     assert len(ar.token_ids) == 32
     assert spec.token_ids == ar.token_ids
+    assert spec.stats.plain_steps == 0 and spec.stats.rounds < 32
     assert spec.stats.acceptance_rate > 0.3  # a real draft of the same family agrees most of the time
 
 

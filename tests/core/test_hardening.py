@@ -66,15 +66,18 @@ def test_without_kernels_a_gguf_target_and_draft_load_and_decode_exactly(monkeyp
 @pytest.mark.slow
 @pytest.mark.bundled
 def test_without_kernels_the_bundled_pair_loads_and_decodes_exactly(tmp_path):
-    """In a process of its own, as an operator without a compiler starts it."""
-    code = ("from specdec_core import load_pair, SpecConfig, generate; p = load_pair('bundled'); "
-            "cfg = SpecConfig(max_new_tokens=24); a = generate(p, 'Write a Python function that adds two numbers.', cfg); "
-            "b = generate(p, 'Write a Python function that adds two numbers.', cfg, 'autoregressive'); "
+    """In a process of its own, as an operator without a compiler starts it; every round drafts as far as asked
+    (NOMINAL_COSTS), where the policy would take plain steps that check no draft."""
+    code = ("import dataclasses; from specdec_core import load_pair, SpecConfig, generate; "
+            "from specdec_core.models.tiny import NOMINAL_COSTS; p = load_pair('bundled'); "
+            "cfg = SpecConfig(max_new_tokens=24); prompt = 'Write a Python function that adds two numbers.'; "
+            "a = generate(dataclasses.replace(p, pass_costs=NOMINAL_COSTS), prompt, cfg); "
+            "b = generate(p, prompt, cfg, 'autoregressive'); print('PLAIN', a.stats.plain_steps); "
             "print('WEIGHTS', p.info.target_weights, p.info.draft_quant); print('SAME', a.token_ids == b.token_ids)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1200,
                          env={**__import__("os").environ, "SPECDEC_KERNELS": "off", "SPECDEC_CACHE": str(tmp_path)})
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "WEIGHTS int8" in out.stdout and "SAME True" in out.stdout
+    assert "WEIGHTS int8" in out.stdout and "SAME True" in out.stdout and "PLAIN 0" in out.stdout
     assert not (tmp_path / "kernels").exists()
 
 

@@ -40,6 +40,10 @@ EXPLORE = 0.02  # after plain steps, a round drafts again once their count times
 # committed since it last drafted, a cost the shortfall leaves out: each probe after which drafting still does not
 # pay doubles the wait for the next (MISSES at most), so that an answer drafting does not suit pays for a few probes
 MISSES = 4
+STEPS = 3  # the latest plain steps whose fastest is the target's step: the machine's speed moves within seconds
+TIMING = 12  # after this many rounds that drafted since the target's step was last timed, a round that would draft
+# is a plain step instead, which times it: drafting is priced against the step, a step's cost moves with the machine's
+# load (a neighbour's memory traffic), and no drafted round times it; the first round of an answer is one too
 
 
 @dataclass
@@ -83,9 +87,10 @@ class Policy:
         # the latest times of each, in seconds (passes of more than two tokens: their ratio to their timed cost), the
         # costs timed at load among them until RECENT rounds have come
         self.times = {"first": deque([self.first * self.step_s], maxlen=RECENT),
-                      "next": deque([self.next * self.step_s], maxlen=RECENT), "step": deque([self.step_s], maxlen=RECENT),
-                      "rows": deque([1.0], maxlen=RECENT)}
+                      "next": deque([self.next * self.step_s], maxlen=RECENT), "step": deque([self.step_s], maxlen=STEPS),
+                      "pair": deque([1.0], maxlen=RECENT), "rows": deque([1.0], maxlen=RECENT)}
         self.plain_run = 0  # plain steps since the last round that drafted
+        self.untimed = TIMING  # rounds that drafted since a plain step timed the target's step
         self.misses, self.probed = 0, False  # probes in a row that drafting did not follow; the last round one
 
     def observe(self, first_s: float, rest_s: float, forwards: int, tokens: int) -> None:
@@ -102,22 +107,24 @@ class Policy:
         self.price()
 
     def passed(self, seconds: float, rows: int) -> None:
-        """A round's target pass of `rows` rows took `seconds`, its decision and read included. A step reads every
-        weight once, and so does a pass of two rows, whose second row's arithmetic hides under the reading: either
-        says what a step takes now. A larger pass's arithmetic shows, and says what such passes take now against their
-        timed cost: other work on the machine slows the reading and the arithmetic apart."""
+        """A round's target pass of `rows` rows took `seconds`, its decision and read included. A plain step says what
+        a step takes now; a larger pass, what such passes take now against their timed cost: other work on the machine
+        slows the reading of the weights, which a step waits on, and the arithmetic, which more rows add, apart. Two
+        rows' ratio is kept apart from more rows': their second row's arithmetic mostly hides under the reading."""
         if self.costs is not None and self.step_s and 1 <= rows < len(self.verify):
-            if rows <= 2:
-                self.times["step"].append(seconds / self.verify[rows])
+            if rows == 1:
+                self.times["step"].append(seconds)
+                self.untimed = 0
             else:
-                self.times["rows"].append(seconds / self.timed[rows])
+                self.times["pair" if rows == 2 else "rows"].append(seconds / self.timed[rows])
             self.price()
 
     def price(self) -> None:
-        """The costs from the fastest of the latest times of each kind: a pass of more than two tokens costs its timed
-        cost times the latest such passes' ratio to it, in steps as the latest take, and never less than two tokens'."""
-        self.step_s, rows = min(self.times["step"]), min(self.times["rows"])
+        """The costs from the fastest of the latest times of each kind: a pass costs its timed cost times the latest
+        passes' ratio to it (two tokens', or more's), in steps as the latest take, and never less than a smaller one."""
+        self.step_s, pair, rows = min(self.times["step"]), min(self.times["pair"]), min(self.times["rows"])
         self.first, self.next = min(self.times["first"]) / self.step_s, min(self.times["next"]) / self.step_s
+        self.verify[2] = max(1.0, pair * self.timed[2] / self.step_s)
         self.verify[3:] = [max(self.verify[2], rows * t / self.step_s) for t in self.timed[3:]]
 
     def forecasts(self, depth: int) -> list[float]:
@@ -200,6 +207,8 @@ class Policy:
         else:
             n = max(range(1, k + 1), key=lambda j: (curve[j], -j))
             value = curve[n]
+        if value > curve[0] and self.step_s and self.untimed >= TIMING:  # a plain step that times the step (TIMING)
+            return 0, curve, value
         if value > curve[0]:
             self.misses, self.probed = 0, False
         else:
@@ -209,6 +218,7 @@ class Policy:
                 return 0, curve, value
             self.probed = True
         self.plain_run = 0
+        self.untimed += 1
         return n, curve, value
 
     def learn(self, verdicts: list[tuple[int, float, bool]]) -> None:

@@ -87,7 +87,7 @@ def checked(e: RoundEvent) -> RoundEvent:
     reaches the page but what passes here (numbers as numbers, kinds among the known ones) and escaped text."""
     n = len(e.drafted)
     rows = e.target_top + e.draft_top + [e.residual_top or []]
-    times = (e.elapsed_s, e.prefill_s, e.draft_s, e.verify_s, e.overhead_s)
+    times = (e.elapsed_s, e.prefill_s, e.draft_s, e.verify_s, e.overhead_s, e.step_ms)
     probs = (*e.p_drafted, *e.q_drafted, *e.accept_probs, *e.uniforms, e.p_token, e.expected, *e.curve, e.gain,
              *(p for row in rows for _, p in row))
     integers = (*e.drafted, *e.committed, *e.parents, *e.path, e.token, e.round, e.k, e.accepted, e.n_generated,

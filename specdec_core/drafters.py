@@ -145,7 +145,7 @@ class ModelDrafter:
             if behind <= 2:  # what the round took once, whatever its length, counted with its first token
                 once = self.first_at - t0 + time.perf_counter() - self.grown_at
                 self.policy.observe(once, self.grown_at - self.first_at, draft.forwards, len(draft))
-        draft.curve = curve
+        draft.curve, draft.step_ms = curve, self.policy.step_s * 1000
         self.proposed = draft
         return draft
 

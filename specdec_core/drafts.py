@@ -21,6 +21,7 @@ class Draft:
     forwards: int = 0  # the draft's forwards (a model's; fewer than its tokens where guesses or a tree's levels saved some)
     curve: list[float] = field(default_factory=list)  # the policy's forecast before the round (policy.Policy.curve)
     gain: float = 0.0  # the policy's expected tokens per unit time of the round as drafted, relative to plain decoding
+    step_ms: float = 0.0  # the target's step the policy priced the round against (0: none timed)
     verified_s: float = 0.0  # how long the target's pass over it took, read included (the engine's; 0: not yet)
 
     def __post_init__(self):

@@ -109,7 +109,7 @@ def decode(pair, prompt_ids: list[int], cfg: SpecConfig, drafter, method: str, j
             p_drafted=r.p_drafted, q_drafted=r.q_drafted, accept_probs=r.accept_probs, uniforms=r.uniforms,
             p_token=r.p_token, target_top=r.target_top, draft_top=r.draft_top, residual_top=r.residual_top,
             parents=r.parents, path=r.path, expected=draft.expected, draft_steps=draft.forwards, curve=draft.curve,
-            gain=draft.gain,
+            gain=draft.gain, step_ms=draft.step_ms,
             prefill_s=prefill_s if rnd == 1 else 0.0, draft_s=draft_s, verify_s=verify_s,
             overhead_s=max(round_s - draft_s - verify_s, 0.0), elapsed_s=clock.elapsed,
             n_generated=len(ids) - n_prompt, finished=finish is not None, finish_reason=finish)

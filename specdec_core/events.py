@@ -61,6 +61,7 @@ class RoundEvent:
     # forecast from this answer's acceptance; and that of the round as it drafted (a plain step's: of drafting)
     curve: list[float] = field(default_factory=list)
     gain: float = 0.0
+    step_ms: float = 0.0  # the target's step, as the policy last timed it, that the round was priced against
 
     def depth_of(self, i: int) -> int:
         """Node i's depth: 1 for the first token after the committed text."""

@@ -103,6 +103,10 @@ def run_prompt(pair, item, cfg, drafter_name, compare_hf, hf_k, repeats=1, peer=
              "identical_to_ar": ar.token_ids == spec.token_ids,
              "seconds_of_repeats": {"ar": [r.stats.seconds for r in ars], "spec": [r.stats.seconds for r in specs]},
              "tokens_of_repeats": {"ar": [r.stats.tokens for r in ars], "spec": [r.stats.tokens for r in specs]}}
+    priced = [e.step_ms for e in spec.events if e.step_ms]
+    if priced:  # the target's step that the policy priced rounds against, beside the plain run's own (median)
+        entry["step_ms"] = {"plain": 1000 * statistics.median(e.verify_s for e in ar.events),
+                            "priced": statistics.median(priced)}
     if not entry["identical_to_ar"] and cfg.greedy:  # sampled outputs differ by design: exact in distribution
         entry["first_divergence"] = first_divergence(pair, ids, ar.token_ids, spec.token_ids)
     if compare_hf:
@@ -143,6 +147,9 @@ def summarize_prompts(entries: list[dict]) -> dict:
            "depth_per_round_mean": statistics.mean(e["spec"]["depth_per_round"] for e in entries),
            "draft_steps_per_round_mean": statistics.mean(e["spec"]["draft_steps_per_round"] for e in entries),
            "identical": sum(e["identical_to_ar"] for e in entries), "prompts": len(entries)}
+    if all("step_ms" in e for e in entries):
+        out["priced_over_plain_step_median"] = statistics.median(e["step_ms"]["priced"] / e["step_ms"]["plain"]
+                                                                 for e in entries)
     if all("speedup_vs_hf" in e for e in entries):
         out["speedup_vs_hf_median"] = med("speedup_vs_hf")
         out["hf_speedup_median"] = statistics.median(e["hf_assisted"]["tokens_per_s"] / e["ar"]["tokens_per_s"]

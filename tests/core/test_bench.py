@@ -48,6 +48,18 @@ def test_a_sampled_prompts_plain_decoding_writes_as_many_tokens_as_its_speculati
     assert e["tokens_of_repeats"] == {"ar": [natural[1]] * 2, "spec": [natural[1]] * 2}
 
 
+def test_each_prompt_sets_the_step_the_policy_priced_beside_the_plain_runs(tiny):
+    """Where the target's step was timed, the bench puts the step each round was priced against beside the plain
+    run's own (medians): a policy whose unit drifts from the machine's step prices every round wrongly."""
+    cfg, item = SpecConfig(max_new_tokens=24), {"id": "x", "prompt": "x"}
+    slow = dataclasses.replace(NOMINAL_COSTS, step_ms=1000.0)  # timed at a second: the first plain step corrects it
+    e = bench.run_prompt(dataclasses.replace(tiny, pass_costs=slow, eos_ids=frozenset()), item, cfg, "model", False, 4)
+    assert 0 < e["step_ms"]["priced"] < 1000.0 and e["step_ms"]["plain"] > 0
+    assert bench.summarize_prompts([e, e])["priced_over_plain_step_median"] == e["step_ms"]["priced"] / e["step_ms"]["plain"]
+    untimed = bench.run_prompt(dataclasses.replace(tiny, eos_ids=frozenset()), item, cfg, "model", False, 4)
+    assert "step_ms" not in untimed and "priced_over_plain_step_median" not in bench.summarize_prompts([untimed])
+
+
 @pytest.mark.slow  # a comparison of whole bench runs; test_bench_writes_json_and_table is the fast tier's
 def test_bench_sets_the_apps_race_beside_the_decoders_alone(tmp_path, capsys):
     report = bench.main(["--pair", "tiny", "--max-new-tokens", "12", "--limit", "2", "--json", str(tmp_path / "r.json"),

@@ -7,9 +7,9 @@ decoding brings 1 token a step. From this answer's own rounds, the latest weight
   - a drawn token's worth, its draft probability calibrated by verdicts on like probabilities (`worth`), and the next
     token's chance after one of that probability (`next_rate`);
   - the draft's costs from its rounds' times (first token, later forwards, guesses that needed none), and the
-    target's from its passes as the rounds take them (`passed`): the step's from plain steps and passes of two rows,
-    which read the weights as a step does, and larger passes' from theirs, whose arithmetic shows. Each is the fastest
-    of the latest rounds, since other work on the machine only ever adds time.
+    target's from its passes as the rounds take them (`passed`): the step's from plain steps, a round that would draft
+    being one now and then to time it (TIMING), and passes' from theirs, against their timed costs. Each is the
+    fastest of the latest rounds, since other work on the machine only ever adds time.
 Within a round the chain goes on while the next token raises the expected tokens per unit time (`go_on`). Before it,
 a CPU's drafter drafts only where such a round pays on average (`plan`), else takes a plain step; a GPU's chain drafts
 the curve's best length. Trees keep nodes by the same rule (theory.tree_size). The policy reads earlier rounds'
@@ -84,10 +84,11 @@ class Policy:
         # seconds, what the latest passes of more than two tokens are priced against
         self.verify = [self.costs.verify(n) for n in range(MAX_TREE_NODES + 2)] if self.costs else []
         self.timed = [cost * self.step_s for cost in self.verify]
-        # the latest times of each, in seconds (passes of more than two tokens: their ratio to their timed cost), the
-        # costs timed at load among them until RECENT rounds have come
+        # the latest times of each, in seconds (passes: their ratio to their timed cost), the costs timed at load among
+        # them until RECENT rounds have come; the step's, this answer's plain steps alone (the timing's until one came:
+        # the machine's speed then says little of it now)
         self.times = {"first": deque([self.first * self.step_s], maxlen=RECENT),
-                      "next": deque([self.next * self.step_s], maxlen=RECENT), "step": deque([self.step_s], maxlen=STEPS),
+                      "next": deque([self.next * self.step_s], maxlen=RECENT), "step": deque(maxlen=STEPS),
                       "pair": deque([1.0], maxlen=RECENT), "rows": deque([1.0], maxlen=RECENT)}
         self.plain_run = 0  # plain steps since the last round that drafted
         self.untimed = TIMING  # rounds that drafted since a plain step timed the target's step
@@ -122,7 +123,8 @@ class Policy:
     def price(self) -> None:
         """The costs from the fastest of the latest times of each kind: a pass costs its timed cost times the latest
         passes' ratio to it (two tokens', or more's), in steps as the latest take, and never less than a smaller one."""
-        self.step_s, pair, rows = min(self.times["step"]), min(self.times["pair"]), min(self.times["rows"])
+        self.step_s = min(self.times["step"], default=self.costs.step_ms / 1000)
+        pair, rows = min(self.times["pair"]), min(self.times["rows"])
         self.first, self.next = min(self.times["first"]) / self.step_s, min(self.times["next"]) / self.step_s
         self.verify[2] = max(1.0, pair * self.timed[2] / self.step_s)
         self.verify[3:] = [max(self.verify[2], rows * t / self.step_s) for t in self.timed[3:]]
@@ -198,7 +200,8 @@ class Policy:
         to bring (for a plain step, what it would have). With `reads` and enough first tokens seen, a round that
         drafts may go to k (go_on stops it); else it drafts the curve's first best length. Where drafting is expected
         to bring less than a plain step, the round is one, unless enough plain steps came before (EXPLORE, doubled
-        by each probe in a row that drafting did not follow)."""
+        by each probe in a row that drafting did not follow); where it pays but the step is due a timing (TIMING),
+        the round is one too."""
         curve = self.curve(k)
         if not curve or not k:  # no costs: as far as asked; nothing asked: nothing
             return k, curve, 0.0

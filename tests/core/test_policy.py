@@ -151,9 +151,9 @@ def test_bursts_of_other_work_on_some_rounds_do_not_price_the_draft_out():
 
 def test_the_targets_step_follows_its_plain_steps():
     """A shared machine's speed changes: the step the draft's times are measured against is the fastest of the
-    target's latest STEPS plain steps, and passes cost what the latest of them took against their timed cost (two
-    tokens' and more's apart), so a machine now twice as slow for both models leaves every cost in steps where it was,
-    once enough rounds of each kind have come. A pass of two tokens says nothing of the step: where more rows' work
+    target's latest STEPS plain steps (from the first on: the step timed at load says little of the step now), and
+    passes cost what the latest of them took against their timed cost (two tokens' and more's apart), so a machine now
+    twice as slow for both models leaves every cost in steps where it was, once enough rounds of each kind have come. A pass of two tokens says nothing of the step: where more rows' work
     shows more (a CPU without AVX-512), its share of the time changes with the machine's load."""
     policy = Policy(PassCosts(LINEAR.sizes, draft=0.3, step_ms=20.0))
     policy.observe(0.006, 0.012, 3, 3)  # a draft forward 6 ms: 0.3 of a 20 ms step
@@ -163,10 +163,15 @@ def test_the_targets_step_follows_its_plain_steps():
         rows = (2, 5, 1)[r % 3]  # a pass of 2 (1.15 steps here) or 5 rows (1.6), or a plain step
         policy.passed(0.040 * timed[rows], rows)  # the machine now twice as slow for both
         steps += rows == 1
-        assert policy.step_s == pytest.approx(0.020 if steps < STEPS else 0.040)
+        assert policy.step_s == pytest.approx(0.040 if steps else 0.020)
         policy.observe(0.012, 0.024, 3, 3)
     assert policy.first == pytest.approx(0.3) and policy.next == pytest.approx(0.3)
     assert policy.verify == pytest.approx(timed)
+    policy.passed(0.010, 1)  # one fast step is the step until STEPS slower ones came after it
+    for _ in range(STEPS):
+        assert policy.step_s == pytest.approx(0.010)
+        policy.passed(0.040, 1)
+    assert policy.step_s == pytest.approx(0.040)
     untimed = Policy(LINEAR)  # no step timed: nothing to follow
     untimed.passed(0.040, 1)
     assert untimed.step_s == 0

@@ -7,9 +7,9 @@ decoding brings 1 token a step. From this answer's own rounds, the latest weight
   - a drawn token's worth, its draft probability calibrated by verdicts on like probabilities (`worth`), and the next
     token's chance after one of that probability (`next_rate`);
   - the draft's costs from its rounds' times (first token, later forwards, guesses that needed none), and the
-    target's from its passes as the rounds take them (`passed`): the step's from plain steps, a round that would draft
-    being one now and then to time it (TIMING), and passes' from theirs, against their timed costs. Each is the
-    fastest of the latest rounds, since other work on the machine only ever adds time.
+    target's from its passes as the rounds take them (`passed`): the step's from plain steps and passes of two rows,
+    which read the weights as a step does, and larger passes' from theirs, whose arithmetic shows. Each is the fastest
+    of the latest rounds, since other work on the machine only ever adds time.
 Within a round the chain goes on while the next token raises the expected tokens per unit time (`go_on`). Before it,
 a CPU's drafter drafts only where such a round pays on average (`plan`), else takes a plain step; a GPU's chain drafts
 the curve's best length. Trees keep nodes by the same rule (theory.tree_size). The policy reads earlier rounds'
@@ -40,10 +40,6 @@ EXPLORE = 0.02  # after plain steps, a round drafts again once their count times
 # committed since it last drafted, a cost the shortfall leaves out: each probe after which drafting still does not
 # pay doubles the wait for the next (MISSES at most), so that an answer drafting does not suit pays for a few probes
 MISSES = 4
-STEPS = 3  # the latest plain steps whose fastest is the target's step: the machine's speed moves within seconds
-TIMING = 12  # after this many rounds that drafted since the target's step was last timed, a round that would draft
-# is a plain step instead, which times it: drafting is priced against the step, a step's cost moves with the machine's
-# load (a neighbour's memory traffic), and no drafted round times it; the first round of an answer is one too
 
 
 @dataclass
@@ -84,14 +80,12 @@ class Policy:
         # seconds, what the latest passes of more than two tokens are priced against
         self.verify = [self.costs.verify(n) for n in range(MAX_TREE_NODES + 2)] if self.costs else []
         self.timed = [cost * self.step_s for cost in self.verify]
-        # the latest times of each, in seconds (passes: their ratio to their timed cost), the costs timed at load among
-        # them until RECENT rounds have come; the step's, this answer's plain steps alone (the timing's until one came:
-        # the machine's speed then says little of it now)
+        # the latest times of each, in seconds (passes of more than two tokens: their ratio to their timed cost), the
+        # costs timed at load among them until RECENT rounds have come
         self.times = {"first": deque([self.first * self.step_s], maxlen=RECENT),
-                      "next": deque([self.next * self.step_s], maxlen=RECENT), "step": deque(maxlen=STEPS),
-                      "pair": deque([1.0], maxlen=RECENT), "rows": deque([1.0], maxlen=RECENT)}
+                      "next": deque([self.next * self.step_s], maxlen=RECENT), "step": deque([self.step_s], maxlen=RECENT),
+                      "rows": deque([1.0], maxlen=RECENT)}
         self.plain_run = 0  # plain steps since the last round that drafted
-        self.untimed = TIMING  # rounds that drafted since a plain step timed the target's step
         self.misses, self.probed = 0, False  # probes in a row that drafting did not follow; the last round one
 
     def observe(self, first_s: float, rest_s: float, forwards: int, tokens: int) -> None:
@@ -108,25 +102,22 @@ class Policy:
         self.price()
 
     def passed(self, seconds: float, rows: int) -> None:
-        """A round's target pass of `rows` rows took `seconds`, its decision and read included. A plain step says what
-        a step takes now; a larger pass, what such passes take now against their timed cost: other work on the machine
-        slows the reading of the weights, which a step waits on, and the arithmetic, which more rows add, apart. Two
-        rows' ratio is kept apart from more rows': their second row's arithmetic mostly hides under the reading."""
+        """A round's target pass of `rows` rows took `seconds`, its decision and read included. A step reads every
+        weight once, and so does a pass of two rows, whose second row's arithmetic hides under the reading: either
+        says what a step takes now. A larger pass's arithmetic shows, and says what such passes take now against their
+        timed cost: other work on the machine slows the reading and the arithmetic apart."""
         if self.costs is not None and self.step_s and 1 <= rows < len(self.verify):
-            if rows == 1:
-                self.times["step"].append(seconds)
-                self.untimed = 0
+            if rows <= 2:
+                self.times["step"].append(seconds / self.verify[rows])
             else:
-                self.times["pair" if rows == 2 else "rows"].append(seconds / self.timed[rows])
+                self.times["rows"].append(seconds / self.timed[rows])
             self.price()
 
     def price(self) -> None:
-        """The costs from the fastest of the latest times of each kind: a pass costs its timed cost times the latest
-        passes' ratio to it (two tokens', or more's), in steps as the latest take, and never less than a smaller one."""
-        self.step_s = min(self.times["step"], default=self.costs.step_ms / 1000)
-        pair, rows = min(self.times["pair"]), min(self.times["rows"])
+        """The costs from the fastest of the latest times of each kind: a pass of more than two tokens costs its timed
+        cost times the latest such passes' ratio to it, in steps as the latest take, and never less than two tokens'."""
+        self.step_s, rows = min(self.times["step"]), min(self.times["rows"])
         self.first, self.next = min(self.times["first"]) / self.step_s, min(self.times["next"]) / self.step_s
-        self.verify[2] = max(1.0, pair * self.timed[2] / self.step_s)
         self.verify[3:] = [max(self.verify[2], rows * t / self.step_s) for t in self.timed[3:]]
 
     def forecasts(self, depth: int) -> list[float]:
@@ -200,8 +191,7 @@ class Policy:
         to bring (for a plain step, what it would have). With `reads` and enough first tokens seen, a round that
         drafts may go to k (go_on stops it); else it drafts the curve's first best length. Where drafting is expected
         to bring less than a plain step, the round is one, unless enough plain steps came before (EXPLORE, doubled
-        by each probe in a row that drafting did not follow); where it pays but the step is due a timing (TIMING),
-        the round is one too."""
+        by each probe in a row that drafting did not follow)."""
         curve = self.curve(k)
         if not curve or not k:  # no costs: as far as asked; nothing asked: nothing
             return k, curve, 0.0
@@ -210,8 +200,6 @@ class Policy:
         else:
             n = max(range(1, k + 1), key=lambda j: (curve[j], -j))
             value = curve[n]
-        if value > curve[0] and self.step_s and self.untimed >= TIMING:  # a plain step that times the step (TIMING)
-            return 0, curve, value
         if value > curve[0]:
             self.misses, self.probed = 0, False
         else:
@@ -221,7 +209,6 @@ class Policy:
                 return 0, curve, value
             self.probed = True
         self.plain_run = 0
-        self.untimed += 1
         return n, curve, value
 
     def learn(self, verdicts: list[tuple[int, float, bool]]) -> None:

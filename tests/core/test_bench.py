@@ -50,9 +50,10 @@ def test_a_sampled_prompts_plain_decoding_writes_as_many_tokens_as_its_speculati
 
 def test_each_prompt_sets_the_step_the_policy_priced_beside_the_plain_runs(tiny):
     """Where the target's step was timed, the bench puts the step each round was priced against beside the plain
-    run's own (medians): a policy whose unit drifts from the machine's step prices every round wrongly."""
-    cfg, item = SpecConfig(max_new_tokens=24), {"id": "x", "prompt": "x"}
-    slow = dataclasses.replace(NOMINAL_COSTS, step_ms=1000.0)  # timed at a second: the first plain step corrects it
+    run's own (medians): a policy whose unit drifts from the machine's step prices every round wrongly. Rounds of one
+    drafted token here: their passes of two tokens say what a step takes (policy.Policy.passed)."""
+    cfg, item = SpecConfig(k=1, max_new_tokens=24), {"id": "x", "prompt": "x"}
+    slow = dataclasses.replace(NOMINAL_COSTS, step_ms=1000.0)  # timed at a second: the first pass corrects it
     e = bench.run_prompt(dataclasses.replace(tiny, pass_costs=slow, eos_ids=frozenset()), item, cfg, "model", False, 4)
     assert 0 < e["step_ms"]["priced"] < 1000.0 and e["step_ms"]["plain"] > 0
     assert bench.summarize_prompts([e, e])["priced_over_plain_step_median"] == e["step_ms"]["priced"] / e["step_ms"]["plain"]

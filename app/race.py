@@ -83,6 +83,7 @@ class Race:
 def start_race(pair, prompt: str, cfg: SpecConfig, drafter: str = DRAFTERS[0], plain: bool = True) -> Race:
     """Validate everything up front (raising ValueError with a message) before any compute starts."""
     ids = encode_request(pair, prompt, cfg)
+    pair.read_heads()  # the chat heads both decoders copy, read before either starts: neither is charged for them
     spec = Lane("speculative", speculative_generate(pair, ids, cfg, make_drafter(pair, drafter, cfg), progress=True),
                 Detokenizer(pair.tokenizer, skip_special_tokens=True))
     lane = Lane("plain", autoregressive_generate(pair, ids, cfg, progress=True),

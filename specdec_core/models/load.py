@@ -104,10 +104,6 @@ def load_pair(target: str = "bundled", draft: str | None = None, options: LoadOp
     pair = replace(pair, info=replace(pair.info, **said))
     if backend != "off":
         pair = enable_graphs(pair, backend, o.max_len, progress, o.one_shape)
-    for role in pair.heads:  # the chat head read now, not in the first answer's prompt time (a static cache has none)
-        lm = pair.cached(role)
-        if lm.head is not None:
-            lm.prefill(lm.head.ids)
     progress(1.0, Note("load_ready"))
     return pair
 

@@ -57,6 +57,14 @@ class Pair:
             self.timed["passes"] = tree_costs(self)
         return self.pass_costs if self.pass_costs is not None else self.timed["passes"]
 
+    def read_heads(self) -> None:
+        """Each model's chat head (cache.SharedHead) read now where it was not yet: after this, an answer's prompt
+        time is its own tokens' (a static cache has no head to read)."""
+        for role in self.heads:
+            lm = self.cached(role)
+            if lm.head is not None and lm.head.cache is None:
+                lm.prefill(lm.head.ids)
+
     @property
     def costs_known(self) -> bool:
         """Whether costs() answers without timing anything (a first race's wait: the app says so first)."""

@@ -114,6 +114,35 @@ def test_a_round_that_times_the_targets_step_shows_as_a_plain_step_with_its_reas
     assert stats.plain_steps == sum(e.plain_step and not e.timing_step for e in race.spec.events)
 
 
+def test_a_first_race_charges_neither_decoder_for_the_chat_heads():
+    """The chat heads (each model's keys and values of the template's system block, copied into every prompt's cache)
+    are read as the race starts, outside either decoder's clock: the first race's prompts read their own tokens
+    alone, as every later race's do. Read at the first prompt, the target's head fell on whichever decoder read first,
+    and the draft's on speculative decoding alone."""
+    from specdec_core.models import make_pair
+    from specdec_core.models.tiny import NOMINAL_COSTS, tiny_models
+
+    target, draft, tok = tiny_models(seed=11)
+    pair = dataclasses.replace(make_pair("fresh", target, draft, tok, torch.device("cpu"), torch.float32),
+                               pass_costs=NOMINAL_COSTS)
+    assert {role: h.cache for role, h in pair.heads.items()} == {"target": None, "draft": None}
+    fed = []
+    hooks = [model.register_forward_pre_hook(lambda m, a, kw: fed.append(kw["input_ids"].shape[1]), with_kwargs=True)
+             for model in (target, draft)]
+    try:
+        race = start_race(pair, "a first race", SpecConfig(k=2, max_new_tokens=4))
+        head = len(pair.heads["target"].ids)
+        assert fed == [head, head] and all(h.cache is not None for h in pair.heads.values())
+        fed.clear()
+        run(race)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    own = race.meta["prompt_tokens"] - 1 - head
+    assert fed.count(own) == 3  # the plain decoder's prompt, the speculative decoder's target's and its draft's
+    assert head not in fed
+
+
 def test_race_interleaves_on_the_shared_clock_and_matches_the_engine(tiny):
     pair = with_eos(tiny, [])
     cfg = SpecConfig(k=4, max_new_tokens=48)

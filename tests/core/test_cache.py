@@ -152,27 +152,6 @@ def test_the_chat_template_head_is_computed_once_and_copied(fresh_pair):
     assert plain.length == 3
 
 
-def test_a_loaded_pair_reads_the_chat_head_before_its_first_answer():
-    """load_pair reads each model's chat head as it loads, so the first answer's prompt time is its own tokens', as
-    every later answer's is: read at the first answer, the head's time fell on whichever decoder of the app's first race
-    read first, and the draft's on speculative decoding alone."""
-    from specdec_core import load_pair
-    from specdec_core.text import encode_prompt
-
-    pair = load_pair("tiny")
-    assert set(pair.heads) == {"target", "draft"} and all(h.cache is not None for h in pair.heads.values())
-    fed = []
-    hooks = [model.register_forward_pre_hook(lambda m, a, kw: fed.append(kw["input_ids"].shape[1]), with_kwargs=True)
-             for model in (pair.target, pair.draft)]
-    try:
-        generate(pair, "a first answer", SpecConfig(k=2, max_new_tokens=1))
-    finally:
-        for hook in hooks:
-            hook.remove()
-    own = len(encode_prompt(pair.tokenizer, "a first answer")) - 1 - len(pair.heads["target"].ids)
-    assert fed[:2] == [own, own]  # the target's prompt, then the draft's: neither reads the head
-
-
 def test_a_long_prompt_runs_in_chunks(fresh_pair, monkeypatch):
     """A prompt longer than PROMPT_CHUNK tokens runs in passes of at most that many, after the shared head, and leaves
     the cache and the next logits as one pass over it would; speculative and plain decoding prefill alike."""

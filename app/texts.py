@@ -52,9 +52,9 @@ the draft knows less, a sampled chat), a round is a plain step, shown as one, an
 plain decoding by much more than the cost of finding that out: after plain steps a round drafts again now and then,
 in case the text has turned easier, and less often each time it has not. Drafting is priced against the target's
 step, which other work on the machine speeds or slows and which no drafted round times, so where drafting is
-expected to bring little, now and then a round that would draft is a plain step that times it. Where the text repeats two or three
-tokens seen before, a draft step also checks the tokens that followed them there, in the same forward: each one
-the draft then draws costs it no step of its own.
+expected to bring little, now and then a round that would draft is a plain step that times it. Where the text
+repeats two or three tokens seen before, a draft step also checks the tokens that followed them there, in the same
+forward: each one the draft then draws costs it no step of its own.
 
 **Why greedy output is token for token the same here.** In many engines a position's logits depend on the shape
 of the pass that computes them: a 17-token verification pass sums its products in another order than a one-token

@@ -11,8 +11,9 @@ decoding brings 1 token a step. From this answer's own rounds, the latest weight
     which read the weights as a step does, and larger passes' from theirs, whose arithmetic shows. Each is the fastest
     of the latest rounds, since other work on the machine only ever adds time.
 Within a round the chain goes on while the next token raises the expected tokens per unit time (`go_on`). Before it,
-a CPU's drafter drafts only where such a round pays on average (`plan`), else takes a plain step, as it also does
-now and then where drafting pays little, to time the step (CLOSE); a GPU's chain drafts the curve's best length. Trees keep nodes by the same rule (theory.tree_size). The policy reads earlier rounds'
+a CPU's drafter drafts only where such a round pays on average (`plan`), else takes a plain step; a GPU's chain drafts
+the curve's best length. Where drafting pays little, now and then a round is a plain step that times the target's step
+(CLOSE). Trees keep nodes by the same rule (theory.tree_size). The policy reads earlier rounds'
 verdicts and the draft's own draws, never this round's verification, as exact verification needs (verify.py).
 """
 from __future__ import annotations
@@ -116,7 +117,8 @@ class Policy:
         if self.costs is not None and self.step_s and 1 <= rows < len(self.verify):
             if rows <= 2:
                 self.times["step"].append(seconds / self.verify[rows])
-                self.untimed = 0 if rows == 1 else self.untimed
+                if rows == 1:  # a plain step: the step itself, timed
+                    self.untimed = 0
             else:
                 self.times["rows"].append(seconds / self.timed[rows])
             self.price()

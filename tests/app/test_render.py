@@ -104,7 +104,8 @@ def test_a_round_that_times_the_targets_step_shows_as_a_plain_step_with_its_reas
     first = race.spec.events[0]
     assert first.timing_step and first.plain_step and not first.drafted and first.gain > first.curve[0] == 1.0
     tip = next(p.tip for p in lane_pieces(race, race.spec, "pt") if p.round == 1)
-    assert "um passo comum que cronometra o passo do alvo" in tip and f"rascunhar deveria trazer só {first.gain:.2f}×" in tip
+    assert "um passo comum que cronometra o passo do alvo" in tip
+    assert f"rascunhar deveria trazer só {first.gain:.2f}×" in tip
     assert teach.caption(first) == (f"Round 1: a plain step that times the target's step. Drafting was expected to bring "
                                     f"{first.gain:.2f}× plain decoding's speed, too little to be sure of: that is priced "
                                     f"against the step, which other work on the machine moves and no drafted round "

@@ -139,8 +139,8 @@ def test_chains_the_policy_shortens_follow_the_target(toy_pair, monkeypatch):
     follow makes the next wait longer (a plain step where one probe fewer would have drafted); some plain steps time
     the target's step where drafting would pay (CLOSE and TIMING set so that they come within 8 tokens); passes are
     priced as the rounds took them (set here: a draft forward 0.35 of a step, passes of more than two tokens half what
-    DEAR says); the samples of 8 tokens still follow the target. Dropping the token where the chain stops when its own draw
-    was unlikely (a rule that reads the token drawn) is caught."""
+    DEAR says); the samples of 8 tokens still follow the target. Dropping the token where the chain stops when its own
+    draw was unlikely (a rule that reads the token drawn) is caught."""
     lengths, delayed, cheaper, timing, step = [], [], [], [], 0.010
     plan, observe, passed = Policy.plan, Policy.observe, Policy.passed
 

@@ -78,8 +78,6 @@ def policy_tip(e: RoundEvent, lang: str) -> str:
     """What the draft model's policy chose for the round, and why (nothing for a drafter without one)."""
     if e.method != "speculative" or not e.curve:
         return ""
-    if e.timing_step:
-        return "\n" + t("tip_timing_step", lang, g=e.gain)
     if e.plain_step:  # drafting was expected to bring less than 1.00x
         return "\n" + t("tip_plain_step", lang, g=e.gain)
     if not e.drafted:  # no room left to draft

@@ -51,7 +51,7 @@ def theory(race, lang="en"):
 
 def caption(e, lang="en") -> str:
     if e.plain_step:  # and why
-        return t("caption_timing" if e.timing_step else "caption_plain", lang, r=e.round, g=e.gain)
+        return t("caption_plain", lang, r=e.round, g=e.gain)
     # where guesses (or a tree's levels) spared the draft some steps, say how many it took
     steps = t("caption_steps", lang, s=e.draft_steps) if 0 < e.draft_steps < len(e.drafted) else ""
     gain = t("caption_gain", lang, g=e.gain) if e.gain else ""

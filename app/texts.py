@@ -50,11 +50,9 @@ costs its rounds measure and the acceptance this answer has met so far, the app 
 confidence as this answer's verdicts calibrate it, brings more than it costs. Where drafting would not pay (a language
 the draft knows less, a sampled chat), a round is a plain step, shown as one, and the race is never slower than
 plain decoding by much more than the cost of finding that out: after plain steps a round drafts again now and then,
-in case the text has turned easier, and less often each time it has not. Drafting is priced against the target's
-step, which other work on the machine speeds or slows and which no drafted round times, so where drafting is
-expected to bring little, now and then a round that would draft is a plain step that times it. Where the text
-repeats two or three tokens seen before, a draft step also checks the tokens that followed them there, in the same
-forward: each one the draft then draws costs it no step of its own.
+in case the text has turned easier, and less often each time it has not. Where the text repeats two or three
+tokens seen before, a draft step also checks the tokens that followed them there, in the same forward: each one
+the draft then draws costs it no step of its own.
 
 **Why greedy output is token for token the same here.** In many engines a position's logits depend on the shape
 of the pass that computes them: a 17-token verification pass sums its products in another order than a one-token
@@ -77,10 +75,7 @@ rascunho continua enquanto o próximo token, com a confiança do próprio rascun
 resposta, traz mais do que custa. Onde rascunhar não compensaria (uma língua que o rascunho conhece menos, uma
 conversa amostrada), a rodada é um passo comum, mostrado como tal, e a corrida nunca fica mais lenta que a
 decodificação comum muito além do custo de descobrir isso: depois de passos comuns, uma rodada volta a rascunhar de
-vez em quando, caso o texto tenha ficado mais fácil, e cada vez mais raramente quando não ficou. O rascunho é
-avaliado contra o passo do alvo, que outros trabalhos na máquina aceleram ou atrasam e que nenhuma rodada rascunhada
-cronometra; por isso, onde rascunhar deveria trazer pouco, de vez em quando uma rodada que rascunharia é um passo
-comum que o cronometra.
+vez em quando, caso o texto tenha ficado mais fácil, e cada vez mais raramente quando não ficou.
 Onde o texto repete dois ou três tokens já vistos, um passo do rascunho também confere, na mesma passada, os
 tokens que vieram depois deles: cada um que o rascunho então sorteia não lhe custa um passo próprio.
 
@@ -241,12 +236,6 @@ mostra o primeiro token em que as saídas se separam e o logit do alvo para cada
                       "{g:.2f}× plain decoding's speed), so the target took one step alone.",
                       "Rodada {r}: um passo comum. Com a aceitação desta resposta até aqui, rascunhar não compensaria "
                       "(esperado {g:.2f}× a velocidade da decodificação comum), então o alvo deu um passo sozinho."),
-    "caption_timing": ("Round {r}: a plain step that times the target's step. Drafting was expected to bring {g:.2f}× "
-                       "plain decoding's speed, too little to be sure of: that is priced against the step, which other "
-                       "work on the machine moves and no drafted round times.",
-                       "Rodada {r}: um passo comum que cronometra o passo do alvo. Rascunhar deveria trazer {g:.2f}× a "
-                       "velocidade da decodificação comum, pouco demais para ter certeza: isso é avaliado contra o "
-                       "passo, que outros trabalhos na máquina alteram e nenhuma rodada rascunhada cronometra."),
     "caption_steps": (" in {s} draft steps", " em {s} passos do rascunho"),
     "caption_replaced": (", replaced the {nth}", ", substituiu o {nth}"),
     "caption_bonus": (", and added a bonus token", " e acrescentou um token bônus"),
@@ -273,11 +262,6 @@ mostra o primeiro token em que as saídas se separam e o logit do alvo para cada
                        "plain decoding's speed; a plain step is 1.00×)",
                        "um passo comum: com a aceitação desta resposta até aqui, rascunhar não compensaria (esperado "
                        "{g:.2f}× a velocidade da decodificação comum; um passo comum é 1.00×)"),
-    "tip_timing_step": ("a plain step that times the target's step, which drafting is priced against: other work on the "
-                        "machine moves it, and no drafted round times it (drafting was expected to bring only {g:.2f}×)",
-                        "um passo comum que cronometra o passo do alvo, contra o qual o rascunho é avaliado: outros "
-                        "trabalhos na máquina o alteram, e nenhuma rodada rascunhada o cronometra (rascunhar deveria "
-                        "trazer só {g:.2f}×)"),
     "tip_last_step": ("a plain step: the last token before the length cap, so nothing to draft",
                       "um passo comum: o último token antes do limite de tamanho, então nada a rascunhar"),
     "tip_policy": ("round {r}: the policy drafted {n}, expecting {g:.2f}× plain decoding's tokens per second",

@@ -69,15 +69,8 @@ class RoundEvent:
 
     @property
     def plain_step(self) -> bool:
-        """A speculative round whose policy drafted nothing (not one with no room left to draft): drafting would not
-        pay, or the round timed the target's step (`timing_step`)."""
+        """A speculative round whose policy judged that drafting would not pay (not one with no room left to draft)."""
         return self.method == "speculative" and self.k > 0 and not self.drafted and bool(self.curve)
-
-    @property
-    def timing_step(self) -> bool:
-        """A plain step where drafting was expected to pay, though little: it timed the target's step, which the policy
-        prices drafting against (policy.CLOSE)."""
-        return self.plain_step and self.gain > self.curve[0]
 
     @property
     def depth(self) -> int:
@@ -130,7 +123,6 @@ class Stats:
     verify_s: float = 0.0
     overhead_s: float = 0.0
     plain_steps: int = 0  # speculative rounds that drafted nothing: the policy judged that drafting would not pay
-    timing_steps: int = 0  # speculative rounds that drafted nothing to time the target's step
     finish_reason: str | None = None
 
     def to_dict(self) -> dict:
@@ -155,8 +147,7 @@ def summarize(events: list[RoundEvent]) -> Stats:
         s.draft_s += e.draft_s
         s.verify_s += e.verify_s
         s.overhead_s += e.overhead_s
-        s.plain_steps += e.plain_step and not e.timing_step
-        s.timing_steps += e.timing_step
+        s.plain_steps += e.plain_step
     s.rounds = len(events)
     s.seconds = events[-1].elapsed_s
     s.tokens_per_s = s.tokens / s.seconds if s.seconds > 0 else 0.0

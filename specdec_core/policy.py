@@ -12,8 +12,7 @@ decoding brings 1 token a step. From this answer's own rounds, the latest weight
     of the latest rounds, since other work on the machine only ever adds time.
 Within a round the chain goes on while the next token raises the expected tokens per unit time (`go_on`). Before it,
 a CPU's drafter drafts only where such a round pays on average (`plan`), else takes a plain step; a GPU's chain drafts
-the curve's best length. Where drafting pays little, now and then a round is a plain step that times the target's step
-(CLOSE). Trees keep nodes by the same rule (theory.tree_size). The policy reads earlier rounds'
+the curve's best length. Trees keep nodes by the same rule (theory.tree_size). The policy reads earlier rounds'
 verdicts and the draft's own draws, never this round's verification, as exact verification needs (verify.py).
 """
 from __future__ import annotations
@@ -41,12 +40,6 @@ EXPLORE = 0.02  # after plain steps, a round drafts again once their count times
 # committed since it last drafted, a cost the shortfall leaves out: each probe after which drafting still does not
 # pay doubles the wait for the next (MISSES at most), so that an answer drafting does not suit pays for a few probes
 MISSES = 4
-CLOSE, TIMING = 0.2, 7  # where drafting is expected to bring less than 1 + CLOSE times a plain step's tokens per unit
-# time, a round that would draft is a plain step once TIMING rounds drafted since the last, and so is the first such
-# round of an answer: drafting is priced against the target's step, which the machine's load moves and which only a
-# plain step times (a pass of two tokens stands in for it as its ratio timed at load says, and where more rows' work
-# shows, a CPU without AVX-512, that ratio moves too). A price that far off turns such a round's gain into a loss; a
-# plain step there gives up less than CLOSE of a round's worth, and where drafting pays more nothing is given up
 
 
 @dataclass
@@ -94,7 +87,6 @@ class Policy:
                       "rows": deque([1.0], maxlen=RECENT)}
         self.plain_run = 0  # plain steps since the last round that drafted
         self.misses, self.probed = 0, False  # probes in a row that drafting did not follow; the last round one
-        self.untimed = TIMING  # rounds that drafted since a plain step timed the target's step
 
     def observe(self, first_s: float, rest_s: float, forwards: int, tokens: int) -> None:
         """A round's draft took `first_s` to its first token and `rest_s` for the rest, in `forwards` forwards for
@@ -117,8 +109,6 @@ class Policy:
         if self.costs is not None and self.step_s and 1 <= rows < len(self.verify):
             if rows <= 2:
                 self.times["step"].append(seconds / self.verify[rows])
-                if rows == 1:  # a plain step: the step itself, timed
-                    self.untimed = 0
             else:
                 self.times["rows"].append(seconds / self.timed[rows])
             self.price()
@@ -210,8 +200,6 @@ class Policy:
         else:
             n = max(range(1, k + 1), key=lambda j: (curve[j], -j))
             value = curve[n]
-        if self.step_s and self.untimed >= TIMING and curve[0] < value < curve[0] * (1 + CLOSE):
-            return 0, curve, value  # a plain step that times the step (CLOSE)
         if value > curve[0]:
             self.misses, self.probed = 0, False
         else:
@@ -221,7 +209,6 @@ class Policy:
                 return 0, curve, value
             self.probed = True
         self.plain_run = 0
-        self.untimed += 1
         return n, curve, value
 
     def learn(self, verdicts: list[tuple[int, float, bool]]) -> None:

@@ -36,7 +36,7 @@ NOT_FLAGS = ("chat", "record_top", "tree_nodes", "guess")  # SpecConfig's fields
 STAT_KEYS = ("tokens", "seconds", "tokens_per_s")
 OWN_KEYS = STAT_KEYS + ("prefill_s", "decode_tokens_per_s")
 SPEC_KEYS = OWN_KEYS + ("acceptance_rate", "accepted_fraction", "mean_accepted_length", "tokens_per_round",
-                         "draft_s", "verify_s", "overhead_s", "rounds", "plain_steps", "timing_steps")
+                         "draft_s", "verify_s", "overhead_s", "rounds", "plain_steps")
 
 
 def pick(stats, keys) -> dict:

@@ -95,26 +95,6 @@ def test_a_round_the_policy_left_undrafted_shows_as_a_plain_step_with_its_reason
     assert list(policy.y) == last.curve and f"before round {last.round}" in policy.name
 
 
-def test_a_round_that_times_the_targets_step_shows_as_a_plain_step_with_its_reason(tiny):
-    """Where the step was timed (step_ms) and drafting brings little (1.12× here), an answer's first round that would
-    draft times the step instead: drawn as the target's own step, with what drafting was expected to bring and why it
-    did not draft, and not counted among the plain steps where drafting would not pay."""
-    pair = with_eos(dataclasses.replace(tiny, pass_costs=PassCosts({1: 1.0, 65: 1.0}, draft=0.6, step_ms=1.0)), [])
-    race = run(start_race(pair, "hello", SpecConfig(k=4, max_new_tokens=8)))
-    first = race.spec.events[0]
-    assert first.timing_step and first.plain_step and not first.drafted and first.gain > first.curve[0] == 1.0
-    tip = next(p.tip for p in lane_pieces(race, race.spec, "pt") if p.round == 1)
-    assert "um passo comum que cronometra o passo do alvo" in tip
-    assert f"rascunhar deveria trazer só {first.gain:.2f}×" in tip
-    assert teach.caption(first) == (f"Round 1: a plain step that times the target's step. Drafting was expected to bring "
-                                    f"{first.gain:.2f}× plain decoding's speed, too little to be sure of: that is priced "
-                                    f"against the step, which other work on the machine moves and no drafted round "
-                                    f"times.")
-    stats = race.spec.stats
-    assert stats.timing_steps == sum(e.timing_step for e in race.spec.events) >= 1
-    assert stats.plain_steps == sum(e.plain_step and not e.timing_step for e in race.spec.events)
-
-
 def test_a_first_race_charges_neither_decoder_for_the_chat_heads():
     """The chat heads (each model's keys and values of the template's system block, copied into every prompt's cache)
     are read as the race starts, outside either decoder's clock: the first race's prompts read their own tokens

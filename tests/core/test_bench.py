@@ -56,7 +56,7 @@ def test_each_prompt_sets_the_step_the_policy_priced_beside_the_plain_runs(tiny)
     slow = dataclasses.replace(NOMINAL_COSTS, step_ms=1000.0)  # timed at a second: the first pass corrects it
     e = bench.run_prompt(dataclasses.replace(tiny, pass_costs=slow, eos_ids=frozenset()), item, cfg, "model", False, 4)
     assert 0 < e["step_ms"]["priced"] < 1000.0 and e["step_ms"]["plain"] > 0
-    assert e["spec"]["plain_steps"] + e["spec"]["timing_steps"] <= e["spec"]["rounds"]  # rounds that drafted nothing
+    assert 0 <= e["spec"]["plain_steps"] < e["spec"]["rounds"]  # rounds where drafting would not pay, counted
     assert bench.summarize_prompts([e, e])["priced_over_plain_step_median"] == e["step_ms"]["priced"] / e["step_ms"]["plain"]
     untimed = bench.run_prompt(dataclasses.replace(tiny, eos_ids=frozenset()), item, cfg, "model", False, 4)
     assert "step_ms" not in untimed and "priced_over_plain_step_median" not in bench.summarize_prompts([untimed])

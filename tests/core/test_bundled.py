@@ -47,7 +47,7 @@ def test_greedy_speculative_equals_the_targets_own_greedy_output(bundled_pair, p
     spec = generate(dataclasses.replace(pair, pass_costs=NOMINAL_COSTS), prompt, cfg)
     assert len(ar.token_ids) == 32
     assert spec.token_ids == ar.token_ids
-    assert spec.stats.plain_steps == spec.stats.timing_steps == 0 and spec.stats.rounds < 32
+    assert spec.stats.plain_steps == 0 and spec.stats.rounds < 32
     assert spec.stats.acceptance_rate > 0.3  # a real draft of the same family agrees most of the time
 
 

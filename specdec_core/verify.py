@@ -113,8 +113,11 @@ def _decide_chain(tokens, q, p, generator) -> Decision:
     n, rejected = accepted_prefix(uniforms < accept)
     # at a rejection the token comes from the residual at row n; after a full acceptance, from p there
     at = n.view(1)  # a row picked by a device index: no read back to the host
-    p_n, q_n = p.index_select(0, at)[0], torch.cat([q, q.new_zeros(1, q.shape[-1])]).index_select(0, at)[0]
-    dist = torch.where(rejected, residual_distribution(p_n, q_n), p_n)
+    p_n = p.index_select(0, at)[0]
+    if k:  # row n's q, where n < k (a rejection); after a full acceptance the residual is computed and not taken
+        dist = torch.where(rejected, residual_distribution(p_n, q.index_select(0, at.clamp(max=k - 1))[0]), p_n)
+    else:  # a plain step: nothing drafted, nothing rejected
+        dist = p_n
     token = sample(dist, generator)
     return Decision(n, token, accept, uniforms, rejected, dist, rows < n, p_x)
 

@@ -68,6 +68,56 @@ def test_minus_infinity_masks_a_token():
     assert logits_to_probs(torch.tensor([0.0, float("-inf")]), 1.0).tolist() == [1.0, 0.0]
 
 
+def test_a_failed_row_found_by_a_maximum_that_skips_nan_is_caught(monkeypatch):
+    """Sampling finds a row's failure by its max alone (no argmax): one that passes NaN over misses the row."""
+    from specdec_core import sampling
+
+    from ..conftest import mutate
+
+    mutate(monkeypatch, sampling, "warp", ("top = logits.amax(", "top = logits.nan_to_num(0.0, 0.0).amax("))
+    monkeypatch.setitem(globals(), "warp", sampling.warp)
+    with pytest.raises(AssertionError):
+        test_non_finite_logits_are_flagged(float("nan"), 1.0)
+
+
+def chains_child_is_ranked_at_the_largest_probability(children) -> bool:
+    """sampling.children at width 1, greedy and sampled, on rows with masked and tied tokens: the child is the draft's
+    argmax (greedy) or the draw `sample` makes from the same generator (sampled), ranked at its row's largest
+    probability (q's, or greedy the draft's softmax), as topk gives it, to the bit."""
+    from types import SimpleNamespace
+
+    from specdec_core.sampling import sample
+
+    logits = torch.tensor([[0.5, 2.0, float("-inf"), 2.0, -1.0], [3.0, 0.0, 0.25, float("-inf"), 1.0]])
+    for greedy in (True, False):
+        q = warp(logits, 0.0 if greedy else 0.7)[0]
+        ranked = torch.softmax(logits, -1) if greedy else q
+        top, picks = children(q, logits, 1, SimpleNamespace(greedy=greedy), torch.Generator().manual_seed(3))
+        want = q.argmax(-1, keepdim=True) if greedy else sample(q, torch.Generator().manual_seed(3))[..., None]
+        if not (torch.equal(top, torch.topk(ranked, 1, -1).values) and torch.equal(picks, want)):
+            return False
+    return True
+
+
+def test_a_chains_child_is_ranked_at_its_rows_largest_probability():
+    from specdec_core.sampling import children
+
+    assert chains_child_is_ranked_at_the_largest_probability(children)
+
+
+@pytest.mark.parametrize("old, new", [
+    ("return ranked.amax(-1, keepdim=True), picks", "return ranked.amin(-1, keepdim=True), picks"),
+    ("return ranked.amax(-1, keepdim=True), picks", "return q.amax(-1, keepdim=True), picks"),  # greedy: q is one-hot
+])
+def test_a_chains_child_ranked_wrongly_is_caught(monkeypatch, old, new):
+    from specdec_core import sampling
+
+    from ..conftest import mutate
+
+    mutate(monkeypatch, sampling, "children", (old, new))
+    assert not chains_child_is_ranked_at_the_largest_probability(sampling.children)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_warp_flags_a_failed_row_on_the_device_and_still_gives_distributions(temperature):
     probs, failed = warp(torch.tensor([[0.0, float("nan"), 1.0], [0.0, 1.0, 2.0]]), temperature)

@@ -53,8 +53,8 @@ def test_a_residual_from_the_previous_rows_q_is_caught(monkeypatch):
 
     from ..conftest import mutate
 
-    mutate(monkeypatch, module, "_decide_chain", ("q.new_zeros(1, q.shape[-1])]).index_select(0, at)",
-                                                   "q.new_zeros(1, q.shape[-1])]).index_select(0, (at - 1).clamp(min=0))"))
+    mutate(monkeypatch, module, "_decide_chain", ("q.index_select(0, at.clamp(max=k - 1))",
+                                                   "q.index_select(0, (at - 1).clamp(min=0, max=k - 1))"))
     with pytest.raises(AssertionError):
         test_the_residual_after_a_later_rejection_takes_that_rows_q()
 

@@ -31,12 +31,10 @@ def warp(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float 
     # or +inf exactly when the row holds one, so one pass checks every row (this runs for every draft
     # token and every verified row: a pass over 150k logits each). Greedy needs the argmax too; sampling
     # takes the max alone, which a CPU finds in a fifteenth of the time.
-    if temperature == 0.0:
-        top, argmax = logits.max(-1, keepdim=True)
-        failed = torch.isnan(top) | torch.isposinf(top)
-        return torch.zeros_like(logits).scatter_(-1, argmax, 1.0), failed.any()  # ties: the first maximum
-    top = logits.amax(-1, keepdim=True)
+    top, argmax = logits.max(-1, keepdim=True) if temperature == 0.0 else (logits.amax(-1, keepdim=True), None)
     failed = torch.isnan(top) | torch.isposinf(top)
+    if temperature == 0.0:
+        return torch.zeros_like(logits).scatter_(-1, argmax, 1.0), failed.any()  # ties: the first maximum
     logits = torch.where(failed, 0.0, logits) / temperature
     if 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]

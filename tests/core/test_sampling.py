@@ -74,7 +74,7 @@ def test_a_failed_row_found_by_a_maximum_that_skips_nan_is_caught(monkeypatch):
 
     from ..conftest import mutate
 
-    mutate(monkeypatch, sampling, "warp", ("top = logits.amax(", "top = logits.nan_to_num(0.0, 0.0).amax("))
+    mutate(monkeypatch, sampling, "warp", ("(logits.amax(", "(logits.nan_to_num(0.0, 0.0).amax("))
     monkeypatch.setitem(globals(), "warp", sampling.warp)
     with pytest.raises(AssertionError):
         test_non_finite_logits_are_flagged(float("nan"), 1.0)
